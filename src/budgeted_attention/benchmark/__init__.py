@@ -1,0 +1,1 @@
+"""Benchmark stage: interleaved CPU latency measurement of dense and pruned models."""

@@ -1,0 +1,60 @@
+"""Interleaved latency measurement with ``torch.utils.benchmark``.
+
+Timing on a shared CPU is noisy, so every model of a comparison is timed in the same process,
+round-robin (the order rotates each round), after warm-up, with a fixed thread count; the
+reported latency is the median over rounds of each round's median.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+import torch.utils.benchmark as benchmark
+
+
+def measure_interleaved(
+    functions: dict[str, Callable[[], object]],
+    *,
+    threads: int = 1,
+    rounds: int = 5,
+    min_run_time: float = 0.2,
+    warmup: int = 3,
+) -> dict[str, float]:
+    """Median latency in milliseconds of each zero-argument callable.
+
+    Args:
+        functions: name -> callable running one forward pass.
+        threads: torch intra-op threads during timing (restored afterwards).
+        rounds: interleaved rounds; each round times every function once.
+        min_run_time: seconds per ``blocked_autorange`` call.
+        warmup: untimed calls per function before the first round.
+    """
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            for fn in functions.values():
+                for _ in range(warmup):
+                    fn()
+            timers = {
+                name: benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
+                for name, fn in functions.items()
+            }
+            samples: dict[str, list[float]] = {name: [] for name in functions}
+            names = list(functions)
+            for round_index in range(rounds):
+                shift = round_index % len(names)
+                for name in names[shift:] + names[:shift]:
+                    measurement = timers[name].blocked_autorange(min_run_time=min_run_time)
+                    samples[name].append(measurement.median * 1e3)
+    finally:
+        torch.set_num_threads(previous_threads)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def time_call(fn: Callable[[], object], *, repeats: int = 200) -> float:
+    """Median wall time of ``fn()`` in milliseconds (for sub-millisecond operations)."""
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=1)
+    return timer.timeit(repeats).median * 1e3

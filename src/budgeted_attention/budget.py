@@ -1,0 +1,51 @@
+"""Validation of attention budgets and budget lists."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+
+def validate_budget(budget: object) -> float:
+    """Return ``budget`` as a float if it is a finite number in (0, 1].
+
+    Raises:
+        ValueError: naming the bad value, for non-numbers, NaN, infinities and values outside (0, 1].
+    """
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+        try:
+            import torch
+
+            if isinstance(budget, torch.Tensor) and budget.numel() == 1:
+                return validate_budget(float(budget.item()))
+        except ImportError:  # pragma: no cover - torch is a hard dependency
+            pass
+        raise ValueError(f"budget must be a finite number in (0, 1], got {budget!r}")
+    value = float(budget)
+    if not math.isfinite(value) or not 0.0 < value <= 1.0:
+        raise ValueError(f"budget must be a finite number in (0, 1], got {budget!r}")
+    return value
+
+
+def parse_budgets(text: str | Iterable[object]) -> list[float]:
+    """Parse a comma-separated budget list (``"0.25,0.5"``) or an iterable into validated floats."""
+    if isinstance(text, str):
+        items: list[object] = []
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                items.append(float(part))
+            except ValueError:
+                raise ValueError(f"budget must be a finite number in (0, 1], got {part!r}") from None
+    else:
+        items = list(text)
+    if not items:
+        raise ValueError(f"expected at least one budget, got {text!r}")
+    return [validate_budget(item) for item in items]
+
+
+def default_budget_sweep() -> list[float]:
+    """The default evaluation sweep 0.1, 0.2, ..., 1.0."""
+    return [round(0.1 * i, 1) for i in range(1, 11)]

@@ -1,0 +1,124 @@
+"""The ``baa`` command line.
+
+Every user error (bad budget, file, config, data) prints one line ``baa: error: ...`` on stderr
+and exits with code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from budgeted_attention import __version__
+from budgeted_attention.errors import BAAError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (argparse's default prints the usage block too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"baa: error: {message} (see 'baa --help')\n")
+
+
+def _csv_ints(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def _budgets(text: str) -> list[float]:
+    from budgeted_attention.budget import parse_budgets
+
+    try:
+        return parse_budgets(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="baa", description="Budgeted attention: one checkpoint, many cost/accuracy operating points.")
+    parser.add_argument("--version", action="version", version=f"baa {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    demo = sub.add_parser("demo", help="train and evaluate on the synthetic marked-token task (the main job)")
+    demo.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
+    demo.add_argument("--quick", action="store_true", help="tiny model, finishes in under a minute")
+    demo.add_argument("--config", help="YAML file overriding the defaults")
+    demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config key, e.g. --set train.dense_steps=500")
+    demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    bench = sub.add_parser("bench", help="measure CPU latency of dense vs pruned models of a run")
+    bench.add_argument("run_dir", help="run directory written by 'baa demo' (or a budgeted-hard checkpoint .json)")
+    bench.add_argument("--seed", type=int, default=None, help="which seed's checkpoint (default: the first found)")
+    bench.add_argument("--budgets", type=_budgets, default=[0.25, 0.5, 0.75], help="comma-separated budgets (default 0.25,0.5,0.75)")
+    bench.add_argument("--batch-sizes", type=_csv_ints, default=[1, 32], help="comma-separated batch sizes (default 1,32)")
+    bench.add_argument("--seq-lens", type=_csv_ints, default=[128], help="comma-separated sequence lengths (default 128)")
+    bench.add_argument("--threads", type=_positive_int, default=1, help="torch threads while timing (default 1)")
+    bench.add_argument("--rounds", type=_positive_int, default=7, help="interleaved timing rounds (default 7)")
+    bench.add_argument("--min-run-time", type=float, default=0.3, help="seconds per timing block (default 0.3)")
+    bench.add_argument("--json", help="write the JSON result here (default RUN_DIR/bench.json)")
+    bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    return parser
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from budgeted_attention.recipes.demo import load_demo_config, run_demo
+
+    cfg = load_demo_config(args.config, args.overrides, args.quick)
+    run_demo(cfg, args.out, progress=not args.no_progress)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from budgeted_attention.recipes.bench import run_bench
+
+    if not args.min_run_time > 0:
+        raise BAAError(f"--min-run-time must be positive, got {args.min_run_time!r}")
+    run_bench(
+        args.run_dir,
+        seed=args.seed,
+        budgets=args.budgets,
+        batch_sizes=args.batch_sizes,
+        seq_lens=args.seq_lens,
+        threads=args.threads,
+        rounds=args.rounds,
+        min_run_time=args.min_run_time,
+        json_path=args.json,
+        progress=not args.no_progress,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"demo": _cmd_demo, "bench": _cmd_bench}
+    try:
+        return handlers[args.command](args)
+    except (BAAError, ValueError, FileNotFoundError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"baa: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("baa: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""File helpers: atomic writes, run-directory metadata, JSON/YAML round trips."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success rename it over ``path``.
+
+    A crash or an exception leaves any previous file at ``path`` untouched and removes the
+    temporary file, so readers never see a half-written artefact.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file + rename)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as indented JSON atomically."""
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_yaml_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as YAML atomically."""
+    write_text_atomic(path, yaml.safe_dump(obj, sort_keys=False))
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+_TRACKED_PACKAGES = (
+    "budgeted_attention",
+    "torch",
+    "numpy",
+    "safetensors",
+    "tokenizers",
+    "transformers",
+    "PyYAML",
+    "tqdm",
+    "matplotlib",
+)
+
+
+def environment_info() -> dict[str, Any]:
+    """Package versions and platform facts recorded in every run directory."""
+    versions: dict[str, str | None] = {}
+    for name in _TRACKED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "packages": versions,
+    }

@@ -1,0 +1,102 @@
+"""Multi-head self-attention with per-head gates and prefix slicing of heads.
+
+Weight layout (chosen so that any prefix of heads is a contiguous, copy-free view):
+
+* ``qkv_weight`` (n_heads * 3 * head_dim, d_model): rows of head h are ``[q_h; k_h; v_h]``.
+* ``out_weight_t`` (n_heads * head_dim, d_model): the output projection stored transposed,
+  rows of head h are ``head_dim`` consecutive rows.
+
+With heads sorted by importance, serving the first ``n`` heads of a layer is slicing
+``qkv_weight[: n * 3 * head_dim]`` and ``out_weight_t[: n * head_dim]``: no copy, no rebuild.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class GatedSelfAttention(nn.Module):
+    """Self-attention through ``F.scaled_dot_product_attention`` with optional per-head gates.
+
+    A layer with zero heads skips attention and returns the output-projection bias, so the
+    residual stream still receives the same constant it would from fully-gated heads.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, head_dim: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.head_dim = head_dim
+        self.dropout = dropout
+        self.qkv_weight = nn.Parameter(torch.empty(n_heads * 3 * head_dim, d_model))
+        self.qkv_bias = nn.Parameter(torch.zeros(n_heads * 3 * head_dim))
+        self.out_weight_t = nn.Parameter(torch.empty(n_heads * head_dim, d_model))
+        self.out_bias = nn.Parameter(torch.zeros(d_model))
+        # Heads used in forward: a prefix of the stored heads (instant budget switching).
+        self.active_heads = n_heads
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.d_model)
+        nn.init.uniform_(self.qkv_weight, -bound, bound)
+        nn.init.uniform_(self.out_weight_t, -bound, bound)
+        nn.init.zeros_(self.qkv_bias)
+        nn.init.zeros_(self.out_bias)
+
+    def set_active_heads(self, count: int) -> None:
+        """Use only the first ``count`` stored heads (0 <= count <= n_heads)."""
+        if not 0 <= count <= self.n_heads:
+            raise ValueError(f"active head count must be in [0, {self.n_heads}], got {count!r}")
+        self.active_heads = count
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        head_gates: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attend over ``x``.
+
+        Args:
+            x: (batch, seq, d_model) hidden states.
+            attn_mask: None, or boolean (batch, 1, 1, seq) with True where keys may be attended.
+            head_gates: None (no gating: the fast dense path), or (n_heads,) gate values for the
+                stored heads; only the first ``active_heads`` are used.
+
+        Returns:
+            (batch, seq, d_model) attention output, before the residual add.
+        """
+        n = self.active_heads
+        batch, seq, _ = x.shape
+        if n == 0:
+            return self.out_bias.expand(batch, seq, self.d_model)
+        hd = self.head_dim
+        qkv = F.linear(x, self.qkv_weight[: n * 3 * hd], self.qkv_bias[: n * 3 * hd])
+        qkv = qkv.view(batch, seq, n, 3, hd).permute(3, 0, 2, 1, 4)  # (3, B, n, T, hd)
+        q, k, v = qkv.unbind(0)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, n, T, hd)
+        if head_gates is not None:
+            y = y * head_gates[:n].to(y.dtype).view(1, n, 1, 1)
+        y = y.transpose(1, 2).reshape(batch * seq, n * hd)
+        out = torch.addmm(self.out_bias, y, self.out_weight_t[: n * hd])
+        return out.view(batch, seq, self.d_model)
+
+    @torch.no_grad()
+    def keep_heads(self, heads: list[int]) -> None:
+        """Physically keep only ``heads`` (stored indices, in this order); others are removed."""
+        hd = self.head_dim
+        index = torch.tensor(heads, dtype=torch.long)
+        qkv_w = self.qkv_weight.view(self.n_heads, 3 * hd, self.d_model)[index].reshape(-1, self.d_model)
+        qkv_b = self.qkv_bias.view(self.n_heads, 3 * hd)[index].reshape(-1)
+        out_w = self.out_weight_t.view(self.n_heads, hd, self.d_model)[index].reshape(-1, self.d_model)
+        self.qkv_weight = nn.Parameter(qkv_w.clone())
+        self.qkv_bias = nn.Parameter(qkv_b.clone())
+        self.out_weight_t = nn.Parameter(out_w.clone())
+        self.n_heads = len(heads)
+        self.active_heads = self.n_heads

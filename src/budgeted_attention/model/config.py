@@ -1,0 +1,90 @@
+"""The encoder's configuration, a dataclass saved as JSON next to the weights."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from budgeted_attention.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    """Shape of an :class:`EncoderClassifier`.
+
+    Attributes:
+        vocab_size: number of token ids.
+        n_classes: number of output classes.
+        max_len: longest sequence (learned position embeddings), tokens.
+        d_model: hidden size.
+        n_layers: encoder blocks.
+        n_heads: heads per layer of the unpruned model.
+        head_dim: size of one head; ``d_model // n_heads`` when 0.
+        d_ff: feed-forward inner size (0 removes feed-forward blocks: attention-only model).
+        dropout: dropout on embeddings, attention and residual branches.
+        pad_id: padding token id.
+        pooling: ``"cls"`` (first position) or ``"mean"`` (mask-aware mean).
+        heads_per_layer: heads physically present per layer; empty means ``n_heads`` everywhere.
+            Structurally pruned models have uneven counts (0 allowed: the layer skips attention).
+    """
+
+    vocab_size: int = 64
+    n_classes: int = 2
+    max_len: int = 128
+    d_model: int = 64
+    n_layers: int = 4
+    n_heads: int = 4
+    head_dim: int = 0
+    d_ff: int = 256
+    dropout: float = 0.0
+    pad_id: int = 0
+    pooling: str = "cls"
+    heads_per_layer: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_classes", "max_len", "d_model", "n_layers", "n_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
+        if self.head_dim == 0:
+            if self.d_model % self.n_heads:
+                raise ConfigError(
+                    f"model.d_model ({self.d_model}) must be divisible by model.n_heads "
+                    f"({self.n_heads}) unless model.head_dim is set"
+                )
+            self.head_dim = self.d_model // self.n_heads
+        if self.head_dim < 0 or self.d_ff < 0:
+            raise ConfigError(f"model.head_dim and model.d_ff must be >= 0, got {self.head_dim}, {self.d_ff}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
+        if self.pooling not in ("cls", "mean"):
+            raise ConfigError(f"model.pooling must be 'cls' or 'mean', got {self.pooling!r}")
+        if not self.heads_per_layer:
+            self.heads_per_layer = [self.n_heads] * self.n_layers
+        if len(self.heads_per_layer) != self.n_layers or any(
+            not isinstance(h, int) or not 0 <= h <= self.n_heads for h in self.heads_per_layer
+        ):
+            raise ConfigError(
+                f"model.heads_per_layer must list {self.n_layers} counts in [0, {self.n_heads}], "
+                f"got {self.heads_per_layer!r}"
+            )
+
+    @property
+    def total_heads(self) -> int:
+        """Heads physically present in the model."""
+        return sum(self.heads_per_layer)
+
+    @property
+    def is_pruned(self) -> bool:
+        return any(h != self.n_heads for h in self.heads_per_layer)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        from budgeted_attention.config import from_dict
+
+        return from_dict(cls, data, "model")

@@ -1,0 +1,57 @@
+"""The paper's budget-conditioned head gates: g(b) = sigmoid(a + softplus(s) * logit(b)).
+
+Gates depend only on the requested budget b, never on the input, which is what allows a
+budget to be turned into a structurally smaller model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from budgeted_attention.budget import validate_budget
+
+# softplus(s) = 1 at initialisation, so with a = 0 every gate starts as g(b) = b and C(b) = b.
+_UNIT_SLOPE_RAW = math.log(math.e - 1.0)
+
+
+class BudgetGates(nn.Module):
+    """One gate per (layer, head), monotone non-decreasing in the budget.
+
+    Parameters ``bias`` (a) and ``slope_raw`` (s) have shape (n_layers, n_heads).
+    ``g(1) = 1`` exactly (logit(1) = +inf); ``g(b) -> 0`` as ``b -> 0`` because the slope is positive.
+    """
+
+    def __init__(self, n_layers: int, n_heads: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(n_layers, n_heads))
+        self.slope_raw = nn.Parameter(torch.full((n_layers, n_heads), _UNIT_SLOPE_RAW))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.bias.shape)  # type: ignore[return-value]
+
+    def slope(self) -> torch.Tensor:
+        """softplus(s) >= 0, shape (n_layers, n_heads)."""
+        return nn.functional.softplus(self.slope_raw)
+
+    def forward(self, budget: float) -> torch.Tensor:
+        """Gate values for ``budget`` in (0, 1], shape (n_layers, n_heads), values in [0, 1]."""
+        b = validate_budget(budget)
+        if b == 1.0:
+            # logit(1) = inf; define the limit exactly so that b = 1 is the dense model.
+            return torch.ones_like(self.bias)
+        logit_b = math.log(b) - math.log1p(-b)
+        return torch.sigmoid(self.bias + self.slope() * logit_b)
+
+    @torch.no_grad()
+    def importance(self, grid_points: int = 20) -> torch.Tensor:
+        """Budget-invariant head score: the mean gate over a budget grid (area under g(b)).
+
+        One score per head gives one global order, so the kept sets of all budgets are nested.
+        Shape (n_layers, n_heads).
+        """
+        grid = [(i + 0.5) / grid_points for i in range(grid_points)]
+        return torch.stack([self(b) for b in grid]).mean(dim=0)

@@ -1,0 +1,145 @@
+"""Pre-LayerNorm transformer encoder classifier with budget-gated attention heads."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from budgeted_attention.model.attention import GatedSelfAttention
+from budgeted_attention.model.config import ModelConfig
+from budgeted_attention.model.gates import BudgetGates
+
+
+def sinusoidal_positions(max_len: int, d_model: int, amplitude: float = 0.5) -> torch.Tensor:
+    """(max_len, d_model) sinusoidal table used to *initialise* the learned position embeddings.
+
+    Offsets between positions become (near-)linear maps of the embedding, which makes
+    "attend to the neighbouring token" quick to learn; the table stays trainable.
+    """
+    positions = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
+    frequencies = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(positions * frequencies)
+    table[:, 1::2] = torch.cos(positions * frequencies)[:, : d_model // 2]
+    return amplitude * table
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.fc2(F.gelu(self.fc1(x))))
+
+
+class EncoderBlock(nn.Module):
+    """x + Attn(LN(x)), then x + FFN(LN(x)) (FFN omitted when d_ff == 0)."""
+
+    def __init__(self, cfg: ModelConfig, n_heads: int) -> None:
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(cfg.d_model)
+        self.attn = GatedSelfAttention(cfg.d_model, n_heads, cfg.head_dim, cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.has_ffn = cfg.d_ff > 0
+        if self.has_ffn:
+            self.ln_ffn = nn.LayerNorm(cfg.d_model)
+            self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, head_gates: torch.Tensor | None
+    ) -> torch.Tensor:
+        x = x + self.dropout(self.attn(self.ln_attn(x), attn_mask, head_gates))
+        if self.has_ffn:
+            x = x + self.ffn(self.ln_ffn(x))
+        return x
+
+
+class EncoderClassifier(nn.Module):
+    """Token + learned position embeddings -> pre-LN blocks -> final LN -> pooling -> linear.
+
+    Gating: ``forward(ids, budget=b)`` multiplies each head's output by its budget gate g(b);
+    ``forward(ids, gates=G)`` uses explicit gates (e.g. hard 0/1 masks); with neither, no gate
+    code runs at all (the dense fast path).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.position_embedding = nn.Embedding(config.max_len, config.d_model)
+        self.embedding_dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(EncoderBlock(config, h) for h in config.heads_per_layer)
+        self.ln_final = nn.LayerNorm(config.d_model)
+        self.classifier = nn.Linear(config.d_model, config.n_classes)
+        self.gates = BudgetGates(config.n_layers, config.n_heads)
+        nn.init.normal_(self.token_embedding.weight, std=0.35)
+        with torch.no_grad():
+            self.position_embedding.weight.copy_(sinusoidal_positions(config.max_len, config.d_model))
+
+
+    def gate_values(self, budget: float | None = None, gates: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The (n_layers, n_heads) gates used for a forward pass, or None for no gating."""
+        if gates is not None:
+            return gates
+        if budget is not None:
+            return self.gates(budget)
+        return None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        budget: float | None = None,
+        gates: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Class logits.
+
+        Args:
+            input_ids: (batch, seq) token ids, seq <= max_len.
+            attention_mask: optional (batch, seq), 1 for real tokens and 0 for padding.
+            budget: attention budget in (0, 1] for the budget gates.
+            gates: explicit (n_layers, n_heads) gate values (overrides ``budget``).
+
+        Returns:
+            (batch, n_classes) logits.
+        """
+        batch, seq = input_ids.shape
+        if seq > self.config.max_len:
+            raise ValueError(f"sequence length {seq} exceeds model max_len {self.config.max_len}")
+        positions = torch.arange(seq, device=input_ids.device)
+        x = self.embedding_dropout(self.token_embedding(input_ids) + self.position_embedding(positions))
+        sdpa_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            sdpa_mask = attention_mask.bool().view(batch, 1, 1, seq)
+        gate_matrix = self.gate_values(budget, gates)
+        for layer, block in enumerate(self.blocks):
+            layer_gates = None if gate_matrix is None else gate_matrix[layer]
+            x = block(x, sdpa_mask, layer_gates)
+        x = self.ln_final(x)
+        return self.classifier(self.pool(x, attention_mask))
+
+    def pool(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """(batch, seq, d) -> (batch, d)."""
+        if self.config.pooling == "cls":
+            return x[:, 0]
+        if attention_mask is None:
+            return x.mean(dim=1)
+        weights = attention_mask.to(x.dtype).unsqueeze(-1)
+        return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+
+    def set_active_heads(self, counts: list[int]) -> None:
+        """Use the first ``counts[l]`` stored heads of layer l (prefix slicing, no copies)."""
+        if len(counts) != len(self.blocks):
+            raise ValueError(f"expected {len(self.blocks)} head counts, got {counts!r}")
+        for block, count in zip(self.blocks, counts):
+            block.attn.set_active_heads(count)
+
+    def active_heads(self) -> list[int]:
+        return [block.attn.active_heads for block in self.blocks]

@@ -1,0 +1,5 @@
+"""Pruning stage: nested hard head selection, structural surgery, instant budget switching."""
+
+from budgeted_attention.pruning.selection import HeadRanking
+
+__all__ = ["HeadRanking"]

@@ -1,0 +1,1 @@
+"""Recipes: whole programs (``baa demo``, ``baa bench``) composed from the library stages."""

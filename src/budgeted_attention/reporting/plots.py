@@ -1,0 +1,66 @@
+"""Plots (matplotlib, Agg backend, written atomically as PNG)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from budgeted_attention.io import atomic_path  # noqa: E402
+from budgeted_attention.reporting.results import aggregate  # noqa: E402
+
+
+def _save(fig: Any, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_accuracy_vs_cost(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
+    """Accuracy (mean ± std over seeds) against estimated cost, one line per method, plus C(b) vs b."""
+    summary = aggregate(rows)
+    fig, (ax_acc, ax_cost) = plt.subplots(1, 2, figsize=(11, 4.2))
+    methods = sorted({e["method"] for e in summary}, key=lambda m: [e["method"] for e in summary].index(m))
+    for method in methods:
+        entries = [e for e in summary if e["method"] == method and "estimated_cost_mean" in e]
+        if not entries:
+            continue
+        xs = [e["estimated_cost_mean"] for e in entries]
+        ys = [100 * e["accuracy_mean"] for e in entries]
+        errs = [100 * e["accuracy_std"] for e in entries]
+        ax_acc.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=method)
+        if method.startswith("budgeted"):
+            ax_cost.plot([e["budget"] for e in entries], xs, marker="o", label=method)
+    ax_acc.set_xlabel("attention cost (estimated C(b); hard: kept-head fraction)")
+    ax_acc.set_ylabel("test accuracy (%)")
+    ax_acc.set_title(title)
+    ax_acc.grid(alpha=0.3)
+    ax_acc.legend()
+    ax_cost.plot([0, 1], [0, 1], "k--", linewidth=1, label="C(b) = b")
+    ax_cost.set_xlabel("requested budget b")
+    ax_cost.set_ylabel("estimated cost C(b)")
+    ax_cost.set_title("budget tracking")
+    ax_cost.grid(alpha=0.3)
+    ax_cost.legend()
+    _save(fig, path)
+
+
+def plot_speedups(bench_rows: list[dict[str, Any]], path: str | Path) -> None:
+    """Measured and FLOP-ideal speedup against budget, one panel line per (batch, seq)."""
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    settings = sorted({(r["batch_size"], r["seq_len"]) for r in bench_rows})
+    for batch, seq in settings:
+        rows = sorted((r for r in bench_rows if (r["batch_size"], r["seq_len"]) == (batch, seq)), key=lambda r: r["budget"])
+        line = ax.plot([r["budget"] for r in rows], [r["speedup"] for r in rows], marker="o", label=f"measured, batch {batch}, seq {seq}")
+        ax.plot([r["budget"] for r in rows], [r["ideal_speedup"] for r in rows], "--", color=line[0].get_color(), label=f"FLOP-ideal, batch {batch}, seq {seq}")
+    threads = sorted({r["threads"] for r in bench_rows})
+    ax.set_xlabel("budget b")
+    ax.set_ylabel("speedup over plain dense model")
+    ax.set_title(f"CPU speedup of pruned models ({threads} thread(s))")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)

@@ -1,0 +1,60 @@
+"""Training hyper-parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from budgeted_attention.errors import ConfigError
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of the three training stages (steps are optimiser steps).
+
+    Budget sampling: each budgeted (and hard) step draws b ~ Uniform[budget_min, budget_max].
+    Budgeted loss: CE + overshoot_weight * relu(C(b) - b + overshoot_margin)
+                   + gate_mass_weight * C(b)
+                   + polarization_weight * mean(g (1 - g)) + distill_weight * KL(teacher || student).
+    """
+
+    batch_size: int = 64
+    eval_batch_size: int = 512
+    lr: float = 1e-3
+    gate_lr: float = 2e-2
+    weight_decay: float = 0.01
+    warmup_frac: float = 0.05
+    grad_clip: float = 1.0
+    dense_steps: int = 1500
+    budgeted_steps: int = 1500
+    scratch_steps: int = 0
+    hard_steps: int = 600
+    hard_lr: float = 3e-4
+    budget_min: float = 0.1
+    budget_max: float = 1.0
+    overshoot_weight: float = 5.0
+    overshoot_margin: float = 0.01
+    gate_mass_weight: float = 0.0
+    polarization_weight: float = 1.0
+    distill_weight: float = 0.5
+    distill_temperature: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "eval_batch_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("dense_steps", "budgeted_steps", "scratch_steps", "hard_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("lr", "gate_lr", "hard_lr"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)!r}")
+        if not 0.0 < self.budget_min <= self.budget_max <= 1.0:
+            raise ConfigError(
+                f"train.budget_min/budget_max must satisfy 0 < min <= max <= 1, "
+                f"got {self.budget_min!r}, {self.budget_max!r}"
+            )
+
+    @property
+    def effective_scratch_steps(self) -> int:
+        """From-scratch ablation steps: by default the warm-started run's total (dense + budgeted)."""
+        return self.scratch_steps or (self.dense_steps + self.budgeted_steps)
