@@ -1,0 +1,30 @@
+import math
+
+import pytest
+import torch
+
+from budgeted_attention.budget import default_budget_sweep, parse_budgets, validate_budget
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.1, 1.0000001, 2, math.nan, math.inf, -math.inf, "0.5", None, True, [0.5]])
+def test_invalid_budgets_are_rejected_with_the_value_named(bad):
+    with pytest.raises(ValueError) as info:
+        validate_budget(bad)
+    assert repr(bad) in str(info.value)
+
+
+@pytest.mark.parametrize("good", [1e-6, 0.1, 0.5, 1, 1.0, torch.tensor(0.25)])
+def test_valid_budgets_pass(good):
+    assert 0 < validate_budget(good) <= 1
+
+
+def test_parse_budgets():
+    assert parse_budgets("0.25, 0.5,0.75") == [0.25, 0.5, 0.75]
+    with pytest.raises(ValueError, match="'abc'"):
+        parse_budgets("0.5,abc")
+    with pytest.raises(ValueError, match="1.5"):
+        parse_budgets("0.5,1.5")
+
+
+def test_default_sweep():
+    assert default_budget_sweep() == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]

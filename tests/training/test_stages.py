@@ -1,0 +1,60 @@
+import copy
+
+import torch
+
+from budgeted_attention.data.synthetic import SyntheticConfig, make_synthetic_splits
+from budgeted_attention.model.config import ModelConfig
+from budgeted_attention.model.cost import CostModel, estimated_cost
+from budgeted_attention.model.transformer import EncoderClassifier
+from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.training.config import TrainConfig
+from budgeted_attention.training.stages import seed_everything, train_budgeted, train_dense, train_hard
+
+DATA = SyntheticConfig(n_train=256, n_val=32, n_test=64, seq_len=8, n_distractors=4)
+
+
+def _setup(seed=0):
+    splits = make_synthetic_splits(DATA, 0)
+    cfg = ModelConfig(vocab_size=splits.vocab_size, n_classes=4, max_len=16, d_model=16, n_layers=2, n_heads=2, d_ff=32)
+    seed_everything(seed)
+    return splits, EncoderClassifier(cfg)
+
+
+def test_training_is_deterministic_for_a_seed():
+    tc = TrainConfig(dense_steps=10, budgeted_steps=10, batch_size=16)
+    results = []
+    for _ in range(2):
+        splits, model = _setup()
+        train_dense(model, splits.train, tc, seed=0, progress=False)
+        costs = CostModel(model.config, splits.seq_len).head_costs()
+        train_budgeted(model, splits.train, tc, costs, seed=0, teacher=copy.deepcopy(model), progress=False)
+        results.append(model.state_dict())
+    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
+
+
+def test_dense_stage_leaves_gates_untouched():
+    splits, model = _setup()
+    before = model.gates.bias.clone()
+    train_dense(model, splits.train, TrainConfig(dense_steps=5, batch_size=16), seed=0, progress=False)
+    assert torch.equal(before, model.gates.bias)
+
+
+def test_overshoot_penalty_pulls_cost_under_budget():
+    splits, model = _setup()
+    with torch.no_grad():
+        model.gates.bias.fill_(3.0)  # every gate near 1: C(b) far above b
+    costs = CostModel(model.config, splits.seq_len).head_costs()
+    before = float(estimated_cost(model.gates(0.3), costs).detach())
+    tc = TrainConfig(budgeted_steps=100, batch_size=16, distill_weight=0.0, gate_lr=0.1)
+    train_budgeted(model, splits.train, tc, costs, seed=0, progress=False)
+    after = float(estimated_cost(model.gates(0.3), costs).detach())
+    assert after < before - 0.2
+
+
+def test_hard_stage_trains_only_through_the_mask():
+    splits, model = _setup()
+    ranking = HeadRanking.from_scores(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    before = copy.deepcopy(model.state_dict())
+    losses = train_hard(model, splits.train, TrainConfig(hard_steps=5, batch_size=16), ranking, seed=0, progress=False)
+    assert len(losses) == 5
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
