@@ -14,24 +14,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
 from budgeted_attention.benchmark.runner import BenchConfig, bench_markdown, bench_models
 from budgeted_attention.budget import default_budget_sweep, validate_budget
 from budgeted_attention.checkpoint import save_model
-from budgeted_attention.config import apply_overrides, from_dict, load_yaml, to_dict
+from budgeted_attention.config import apply_overrides, deep_merge, from_dict, load_yaml, to_dict
 from budgeted_attention.data.synthetic import SyntheticConfig, make_synthetic_splits
 from budgeted_attention.data.dataset import TensorSplits
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
 from budgeted_attention.model.config import ModelConfig
-from budgeted_attention.model.cost import CostModel, estimated_cost
+from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.transformer import EncoderClassifier
 from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.recipes.common import attach_latency, sweep_hard, sweep_soft
 from budgeted_attention.recipes.rundir import init_run_dir
 from budgeted_attention.reporting.plots import plot_accuracy_vs_cost, plot_speedups
 from budgeted_attention.reporting.results import write_results
+from budgeted_attention.reporting.summary import headline, headline_markdown
 from budgeted_attention.training.config import TrainConfig
 from budgeted_attention.training.evaluate import evaluate_accuracy
 from budgeted_attention.training.stages import seed_everything, train_budgeted, train_dense, train_hard
@@ -87,19 +88,9 @@ def load_demo_config(path: str | None, overrides: list[str], quick: bool) -> Dem
     base["model"]["head_dim"] = 0
     base["model"]["heads_per_layer"] = []
     if path is not None:
-        base = _deep_merge(base, load_yaml(path))
+        base = deep_merge(base, load_yaml(path))
     base = apply_overrides(base, overrides)
     return from_dict(DemoConfig, base, "demo")
-
-
-def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
 
 
 def _model_config(cfg: DemoConfig, splits: TensorSplits) -> ModelConfig:
@@ -109,45 +100,6 @@ def _model_config(cfg: DemoConfig, splits: TensorSplits) -> ModelConfig:
     if splits.seq_len > model_cfg.max_len:
         raise ConfigError(f"model.max_len ({model_cfg.max_len}) is shorter than the data ({splits.seq_len} tokens)")
     return model_cfg
-
-
-def sweep_soft(model: EncoderClassifier, splits: TensorSplits, budgets: list[float], head_costs, method: str, seed: int, batch: int) -> list[dict[str, Any]]:
-    """Soft-gate rows: accuracy and C(b) per budget, with per-layer mean gates."""
-    rows = []
-    with torch.no_grad():
-        for b in budgets:
-            gates = model.gates(b)
-            rows.append(
-                {
-                    "method": method,
-                    "budget": b,
-                    "seed": seed,
-                    "accuracy": evaluate_accuracy(model, splits.test, batch, gates=gates),
-                    "estimated_cost": float(estimated_cost(gates, head_costs)),
-                    "layer_gates": [round(float(g), 4) for g in gates.mean(dim=1)],
-                    "gates": [[round(float(v), 4) for v in layer] for layer in gates],
-                }
-            )
-    return rows
-
-
-def sweep_hard(model: EncoderClassifier, splits: TensorSplits, budgets: list[float], ranking: HeadRanking, seed: int, batch: int) -> list[dict[str, Any]]:
-    """Hard-mask rows: accuracy with exactly the kept heads; cost = kept-head fraction."""
-    rows = []
-    for b in budgets:
-        mask = ranking.mask(b)
-        rows.append(
-            {
-                "method": "budgeted-hard",
-                "budget": b,
-                "seed": seed,
-                "accuracy": evaluate_accuracy(model, splits.test, batch, gates=mask),
-                "estimated_cost": float(mask.mean()),
-                "heads_kept": int(mask.sum()),
-                "heads_per_layer": [int(v) for v in mask.sum(dim=1)],
-            }
-        )
-    return rows
 
 
 def run_seed(cfg: DemoConfig, splits: TensorSplits, model_cfg: ModelConfig, seed: int, out: Path, progress: bool) -> tuple[list[dict[str, Any]], EncoderClassifier | None, HeadRanking | None]:
@@ -189,20 +141,6 @@ def run_seed(cfg: DemoConfig, splits: TensorSplits, model_cfg: ModelConfig, seed
     return rows, hard, ranking
 
 
-def attach_latency(rows: list[dict[str, Any]], bench: dict[str, Any], seed: int) -> None:
-    """Copy batch-1 (first setting) latency figures onto this seed's budgeted-hard rows."""
-    by_budget = {}
-    for r in bench["rows"]:
-        by_budget.setdefault(r["budget"], r)
-    for row in rows:
-        if row["method"] == "budgeted-hard" and row["seed"] == seed and row["budget"] in by_budget:
-            b = by_budget[row["budget"]]
-            row.update(
-                latency_ms=b["latency_ms"], dense_latency_ms=b["dense_latency_ms"], speedup=b["speedup"],
-                ideal_speedup=b["ideal_speedup"], bench_batch_size=b["batch_size"], bench_seq_len=b["seq_len"], threads=b["threads"],
-            )
-
-
 def run_demo(cfg: DemoConfig, out_dir: str | Path, *, progress: bool = True, log=print) -> dict[str, Any]:
     """Run the whole demo; returns ``{"rows": ..., "table": markdown, "bench": {...}}``."""
     started = time.time()
@@ -227,6 +165,9 @@ def run_demo(cfg: DemoConfig, out_dir: str | Path, *, progress: bool = True, log
         f"dense model at batch {cfg.bench.batch_sizes[0]}, sequence {cfg.bench.seq_lens[0]}, {cfg.bench.threads} thread(s).\n"
         f"Wall time: {time.time() - started:.0f} s.\n"
     )
+    summary = headline(rows)
+    write_json_atomic(out / "summary.json", summary)
+    notes += "\n## Headline figures (soft budgeted model, per seed)\n\n" + headline_markdown(summary)
     table = write_results(out, rows, title="baa demo results", notes=notes)
     plot_accuracy_vs_cost(rows, out / "accuracy_vs_cost.png", "synthetic marked-token task")
     if bench_results:

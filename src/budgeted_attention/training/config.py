@@ -29,6 +29,7 @@ class TrainConfig:
     scratch_steps: int = 0
     hard_steps: int = 600
     hard_lr: float = 3e-4
+    recovery_steps: int = 0
     budget_min: float = 0.1
     budget_max: float = 1.0
     overshoot_weight: float = 5.0
@@ -42,7 +43,7 @@ class TrainConfig:
         for name in ("batch_size", "eval_batch_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("dense_steps", "budgeted_steps", "scratch_steps", "hard_steps"):
+        for name in ("dense_steps", "budgeted_steps", "scratch_steps", "hard_steps", "recovery_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("lr", "gate_lr", "hard_lr"):
@@ -53,6 +54,10 @@ class TrainConfig:
                 f"train.budget_min/budget_max must satisfy 0 < min <= max <= 1, "
                 f"got {self.budget_min!r}, {self.budget_max!r}"
             )
+
+    def epoch_steps(self, n_examples: int) -> int:
+        """Optimiser steps in one pass over ``n_examples``."""
+        return max(1, -(-n_examples // self.batch_size))
 
     @property
     def effective_scratch_steps(self) -> int:

@@ -219,3 +219,26 @@ def train_hard(
         return loss, {"b": budget}
 
     return run_steps(model, train, cfg.hard_steps, loss_fn, cfg, seed=seed, lr=cfg.hard_lr, desc="hard", progress=progress)
+
+
+def train_masked(
+    model: nn.Module,
+    train: Split,
+    cfg: TrainConfig,
+    mask: torch.Tensor,
+    *,
+    steps: int,
+    seed: int,
+    desc: str = "recover",
+    progress: bool = True,
+) -> list[float]:
+    """Fine-tune with a fixed hard head mask (the recovery epoch of the post-hoc baseline).
+
+    Gates receive no gradient (the mask is a constant), so only the remaining weights adapt.
+    """
+    fixed = mask.detach().clone()
+
+    def loss_fn(m, ids, attn, labels, _rng):
+        return F.cross_entropy(m(ids, attn, gates=fixed), labels), {}
+
+    return run_steps(model, train, steps, loss_fn, cfg, seed=seed, lr=cfg.hard_lr, desc=desc, progress=progress)
