@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config key, e.g. --set train.dense_steps=500")
     demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
+    experiment = sub.add_parser("experiment", help="run method x budget x seed from a YAML config (resumable)")
+    experiment.add_argument("config", help="experiment YAML, e.g. configs/bbc_short.yaml")
+    experiment.add_argument("--out", help="run directory (default: runs/<name>)")
+    experiment.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
+    experiment.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
     bench = sub.add_parser("bench", help="measure CPU latency of dense vs pruned models of a run")
     bench.add_argument("run_dir", help="run directory written by 'baa demo' (or a budgeted-hard checkpoint .json)")
     bench.add_argument("--seed", type=int, default=None, help="which seed's checkpoint (default: the first found)")
@@ -81,6 +87,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     cfg = load_demo_config(args.config, args.overrides, args.quick)
     run_demo(cfg, args.out, progress=not args.no_progress)
+    return 0
+
+
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    from budgeted_attention.recipes.experiment import run_experiment
+
+    run_experiment(args.config, args.out, args.overrides, progress=not args.no_progress)
     return 0
 
 
@@ -107,7 +120,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"demo": _cmd_demo, "bench": _cmd_bench}
+    handlers = {"demo": _cmd_demo, "experiment": _cmd_experiment, "bench": _cmd_bench}
     try:
         return handlers[args.command](args)
     except (BAAError, ValueError, FileNotFoundError) as exc:

@@ -8,6 +8,7 @@ split only (``min_frequency``, ``max_vocab``); sequences are ``[CLS] tokens...``
 
 from __future__ import annotations
 
+import math
 import random
 from collections import defaultdict
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ def stratified_split(examples: list[Example], fractions: list[float], rng: rando
         rng.shuffle(group)
         start = 0
         for index, fraction in enumerate(fractions):
-            count = int(round(fraction * len(group)))
+            count = int(math.floor(fraction * len(group) + 0.5))  # half-up, not banker's rounding
             parts[index] += group[start : start + count]
             start += count
         parts[-1] += group[start:]

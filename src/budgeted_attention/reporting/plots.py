@@ -64,3 +64,46 @@ def plot_speedups(bench_rows: list[dict[str, Any]], path: str | Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     _save(fig, path)
+
+
+def _per_method(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    summary = aggregate(rows)
+    methods: dict[str, list[dict[str, Any]]] = {}
+    for entry in summary:
+        methods.setdefault(entry["method"], []).append(entry)
+    return methods
+
+
+def plot_accuracy_vs_budget(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
+    """Accuracy (mean ± std over seeds) against the requested budget, one line per method."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for method, entries in _per_method(rows).items():
+        xs = [e["budget"] for e in entries]
+        ys = [100 * e["accuracy_mean"] for e in entries]
+        errs = [100 * e["accuracy_std"] for e in entries]
+        style = "s" if len(entries) == 1 else "o-"
+        ax.errorbar(xs, ys, yerr=errs, fmt=style, capsize=3, label=method)
+    ax.set_xlabel("budget b")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_accuracy_vs_speedup(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
+    """Accuracy against measured speedup (FLOP-ideal where no latency was measured)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for method, entries in _per_method(rows).items():
+        measured = [e for e in entries if "speedup_mean" in e]
+        ideal = [e for e in entries if "speedup_mean" not in e and "ideal_speedup_mean" in e]
+        if measured:
+            ax.plot([e["speedup_mean"] for e in measured], [100 * e["accuracy_mean"] for e in measured], "o-", label=f"{method} (measured)")
+        if ideal:
+            ax.plot([e["ideal_speedup_mean"] for e in ideal], [100 * e["accuracy_mean"] for e in ideal], "x--", label=f"{method} (FLOP-ideal)")
+    ax.set_xlabel("speedup over the dense model (single thread)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
