@@ -51,7 +51,7 @@ class DemoConfig:
     data: SyntheticConfig = field(default_factory=SyntheticConfig)
     model: ModelConfig = field(default_factory=lambda: ModelConfig(d_model=64, n_layers=4, n_heads=4, d_ff=256, max_len=128))
     train: TrainConfig = field(
-        default_factory=lambda: TrainConfig(dense_steps=1500, budgeted_steps=1000, hard_steps=400, lr=2e-3)
+        default_factory=lambda: TrainConfig(dense_steps=2000, budgeted_steps=800, hard_steps=1500, hard_lr=2e-3, lr=2e-3)
     )
     bench: BenchConfig = field(
         default_factory=lambda: BenchConfig(
