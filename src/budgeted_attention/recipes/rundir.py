@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -11,17 +12,23 @@ from budgeted_attention.io import environment_info, write_json_atomic, write_yam
 
 
 def init_run_dir(out_dir: str | Path, resolved_config: dict[str, Any], seeds: list[int]) -> Path:
-    """Create ``out_dir`` and record config.yaml and run_info.json (seeds, versions, command)."""
+    """Create ``out_dir`` and record config.yaml and run_info.json (seeds, versions, commands).
+
+    A resumed run keeps its first record and appends the new invocation to ``invocations``.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_yaml_atomic(out / "config.yaml", resolved_config)
+    invocation = {"command": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    info_path = out / "run_info.json"
+    previous: list[dict[str, Any]] = []
+    if info_path.exists():
+        try:
+            previous = json.loads(info_path.read_text()).get("invocations", [])
+        except (json.JSONDecodeError, AttributeError):
+            previous = []
     write_json_atomic(
-        out / "run_info.json",
-        {
-            "seeds": seeds,
-            "command": sys.argv,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "environment": environment_info(),
-        },
+        info_path,
+        {"seeds": seeds, "environment": environment_info(), "invocations": [*previous, invocation]},
     )
     return out
