@@ -14,6 +14,17 @@ from budgeted_attention.io import atomic_path  # noqa: E402
 from budgeted_attention.reporting.results import aggregate  # noqa: E402
 
 
+_COLORS = {
+    "dense": "black", "budgeted": "tab:blue", "budgeted-hard": "tab:orange", "budgeted-scratch": "tab:red",
+    "static": "tab:green", "posthoc": "tab:purple", "posthoc-recovered": "tab:brown",
+}
+
+
+def _color(method: str) -> str | None:
+    """One colour per method across every panel and plot."""
+    return _COLORS.get(method)
+
+
 def _save(fig: Any, path: str | Path) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
@@ -32,9 +43,9 @@ def plot_accuracy_vs_cost(rows: list[dict[str, Any]], path: str | Path, title: s
         xs = [e["estimated_cost_mean"] for e in entries]
         ys = [100 * e["accuracy_mean"] for e in entries]
         errs = [100 * e["accuracy_std"] for e in entries]
-        ax_acc.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=method)
+        ax_acc.errorbar(xs, ys, yerr=errs, marker="s" if method == "dense" else "o", markersize=8 if method == "dense" else 5, capsize=3, label=method, color=_color(method), zorder=3 if method == "dense" else 2)
         if method.startswith("budgeted"):
-            ax_cost.plot([e["budget"] for e in entries], xs, marker="o", label=method)
+            ax_cost.plot([e["budget"] for e in entries], xs, marker="o", label=method, color=_color(method))
     ax_acc.set_xlabel("attention cost (estimated C(b); hard: kept-head fraction)")
     ax_acc.set_ylabel("test accuracy (%)")
     ax_acc.set_title(title)
@@ -82,7 +93,7 @@ def plot_accuracy_vs_budget(rows: list[dict[str, Any]], path: str | Path, title:
         ys = [100 * e["accuracy_mean"] for e in entries]
         errs = [100 * e["accuracy_std"] for e in entries]
         style = "s" if len(entries) == 1 else "o-"
-        ax.errorbar(xs, ys, yerr=errs, fmt=style, capsize=3, label=method)
+        ax.errorbar(xs, ys, yerr=errs, fmt=style, capsize=3, label=method, color=_color(method))
     ax.set_xlabel("budget b")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
@@ -98,9 +109,9 @@ def plot_accuracy_vs_speedup(rows: list[dict[str, Any]], path: str | Path, title
         measured = [e for e in entries if "speedup_mean" in e]
         ideal = [e for e in entries if "speedup_mean" not in e and "ideal_speedup_mean" in e]
         if measured:
-            ax.plot([e["speedup_mean"] for e in measured], [100 * e["accuracy_mean"] for e in measured], "o-", label=f"{method} (measured)")
+            ax.plot([e["speedup_mean"] for e in measured], [100 * e["accuracy_mean"] for e in measured], "o-", label=f"{method} (measured)", color=_color(method))
         if ideal:
-            ax.plot([e["ideal_speedup_mean"] for e in ideal], [100 * e["accuracy_mean"] for e in ideal], "x--", label=f"{method} (FLOP-ideal)")
+            ax.plot([e["ideal_speedup_mean"] for e in ideal], [100 * e["accuracy_mean"] for e in ideal], "x--", label=f"{method} (FLOP-ideal)", color=_color(method))
     ax.set_xlabel("speedup over the dense model (single thread)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
