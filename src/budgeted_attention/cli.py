@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from typing import NoReturn
 
 from budgeted_attention import __version__
@@ -117,7 +118,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Library warnings (e.g. skipped malformed rows) as one line on stderr."""
+    print(f"baa: warning: {message}", file=sys.stderr if file is None else file)
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.showwarning = _one_line_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"demo": _cmd_demo, "experiment": _cmd_experiment, "bench": _cmd_bench}

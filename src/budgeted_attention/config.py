@@ -46,6 +46,13 @@ def _type_matches(value: Any, annotation: Any) -> bool:
     return True
 
 
+def _type_name(annotation: Any) -> str:
+    """``float``, ``list[float]``, ``str | None``... for error messages."""
+    if typing.get_origin(annotation) is not None:
+        return str(annotation).replace("typing.", "")
+    return getattr(annotation, "__name__", str(annotation))
+
+
 def from_dict(cls: type[T], data: Any, section: str) -> T:
     """Build dataclass ``cls`` from ``data``, validating keys and types.
 
@@ -77,7 +84,7 @@ def from_dict(cls: type[T], data: Any, section: str) -> T:
         if not _type_matches(value, annotation):
             raise ConfigError(
                 f"config key '{section}.{name}' has invalid value {value!r} "
-                f"(expected {getattr(annotation, '__name__', annotation)})"
+                f"(expected {_type_name(annotation)})"
             )
         if annotation is float and isinstance(value, int):
             value = float(value)
