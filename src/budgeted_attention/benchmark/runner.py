@@ -35,6 +35,27 @@ def _random_inputs(config, batch: int, seq: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, config.vocab_size, (batch, seq), generator=gen)
 
 
+def speed_row(
+    budget: float, batch: int, seq: int, threads: int, dense_ms: float, pruned_ms: float, heads: list[int], cost: CostModel
+) -> dict[str, Any]:
+    """One benchmark row: latencies, measured and FLOP-ideal speedups and their ratio."""
+    ideal = cost.ideal_speedup(list(heads))
+    speedup = dense_ms / pruned_ms
+    return {
+        "budget": budget,
+        "batch_size": batch,
+        "seq_len": seq,
+        "threads": threads,
+        "dense_latency_ms": dense_ms,
+        "latency_ms": pruned_ms,
+        "speedup": speedup,
+        "ideal_speedup": ideal,
+        "efficiency": speedup / ideal,
+        "heads_kept": sum(heads),
+        "heads_per_layer": list(heads),
+    }
+
+
 def bench_models(
     model: EncoderClassifier,
     ranking: HeadRanking,
@@ -75,22 +96,7 @@ def bench_models(
         cost = CostModel(model.config, seq)
         dense_ms = latency["plain"]
         for b, pm in pruned.items():
-            heads = pm.config.heads_per_layer
-            ideal = cost.ideal_speedup(heads)
-            speedup = dense_ms / latency[f"pruned_{b}"]
-            row = {
-                "budget": b,
-                "batch_size": batch,
-                "seq_len": seq,
-                "threads": cfg.threads,
-                "dense_latency_ms": dense_ms,
-                "latency_ms": latency[f"pruned_{b}"],
-                "speedup": speedup,
-                "ideal_speedup": ideal,
-                "efficiency": speedup / ideal,
-                "heads_kept": sum(heads),
-                "heads_per_layer": list(heads),
-            }
+            row = speed_row(b, batch, seq, cfg.threads, dense_ms, latency[f"pruned_{b}"], pm.config.heads_per_layer, cost)
             if sliced is not None:
                 row["sliced_latency_ms"] = latency[f"sliced_{b}"]
                 row["sliced_speedup"] = dense_ms / latency[f"sliced_{b}"]

@@ -105,8 +105,26 @@ def encode(tokenizer: Tokenizer, examples: list[Example]) -> Split:
     return Split(ids, mask, labels)
 
 
-def make_text_splits(cfg: TextDataConfig, tokenizer_path: str | Path | None = None, raw: RawDataset | None = None) -> tuple[TensorSplits, Tokenizer]:
-    """Load, sample, split (stratified, deterministic in ``split_seed``), tokenise and encode."""
+def prepare_pretrained_tokenizer(tokenizer: Tokenizer, max_len: int) -> Tokenizer:
+    """A pretrained model's tokenizer (e.g. WordPiece of BERT) set to truncate and pad."""
+    tokenizer.enable_truncation(max_length=max_len)
+    pad_id = tokenizer.token_to_id(PAD)
+    if pad_id is None:
+        raise DataError(f"the pretrained tokenizer has no {PAD} token")
+    tokenizer.enable_padding(pad_id=pad_id, pad_token=PAD)
+    return tokenizer
+
+
+def make_text_splits(
+    cfg: TextDataConfig,
+    tokenizer_path: str | Path | None = None,
+    raw: RawDataset | None = None,
+    pretrained_tokenizer: Tokenizer | None = None,
+) -> tuple[TensorSplits, Tokenizer]:
+    """Load, sample, split (stratified, deterministic in ``split_seed``), tokenise and encode.
+
+    With ``pretrained_tokenizer`` (a pretrained model's own tokenizer) no vocabulary is learned.
+    """
     raw = raw or load_source(cfg)
     rng = random.Random(cfg.split_seed)
     if raw.test is not None:
@@ -118,7 +136,10 @@ def make_text_splits(cfg: TextDataConfig, tokenizer_path: str | Path | None = No
         val, test, train = stratified_split(pool, [cfg.val_fraction, cfg.test_fraction], rng)
     if not train or not val or not test:
         raise DataError(f"data set too small to split: {len(train)} train, {len(val)} validation, {len(test)} test examples")
-    tokenizer = build_tokenizer([e.text for e in train], cfg.max_len, cfg.min_frequency, cfg.max_vocab)
+    if pretrained_tokenizer is not None:
+        tokenizer = prepare_pretrained_tokenizer(pretrained_tokenizer, cfg.max_len)
+    else:
+        tokenizer = build_tokenizer([e.text for e in train], cfg.max_len, cfg.min_frequency, cfg.max_vocab)
     if tokenizer_path is not None:
         tokenizer.save(str(tokenizer_path))
     splits = TensorSplits(

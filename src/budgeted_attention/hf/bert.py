@@ -129,7 +129,10 @@ def load_gated_bert(path: str | Path, num_labels: int) -> GatedBertClassifier:
     from transformers import BertForSequenceClassification  # noqa: PLC0415 - optional dependency
 
     try:
-        hf = BertForSequenceClassification.from_pretrained(str(path), num_labels=num_labels, attn_implementation="sdpa")
+        # The classification head is task-specific: a head of another size is re-initialised.
+        hf = BertForSequenceClassification.from_pretrained(
+            str(path), num_labels=num_labels, attn_implementation="sdpa", ignore_mismatched_sizes=True
+        )
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot load a BERT checkpoint from '{path}': {str(exc).splitlines()[0]}") from exc
     return GatedBertClassifier(hf.eval())
@@ -193,3 +196,16 @@ def load_saved_gated_bert(path: str | Path) -> tuple[GatedBertClassifier, dict]:
 
 
 HF_FORMAT = "budgeted_attention.hf_bert/1"
+
+
+def bert_cost_model(cfg, seq_len: int):
+    """The FLOP cost model of :mod:`budgeted_attention.model.cost` for a transformers BERT config."""
+    from budgeted_attention.model.config import ModelConfig  # noqa: PLC0415
+    from budgeted_attention.model.cost import CostModel  # noqa: PLC0415
+
+    shape = ModelConfig(
+        vocab_size=cfg.vocab_size, n_classes=cfg.num_labels, max_len=cfg.max_position_embeddings,
+        d_model=cfg.hidden_size, n_layers=cfg.num_hidden_layers, n_heads=cfg.num_attention_heads,
+        head_dim=cfg.hidden_size // cfg.num_attention_heads, d_ff=cfg.intermediate_size,
+    )
+    return CostModel(shape, seq_len)

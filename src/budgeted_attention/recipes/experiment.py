@@ -30,9 +30,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from budgeted_attention.benchmark.runner import BenchConfig, bench_models
+from budgeted_attention.benchmark.runner import BenchConfig
 from budgeted_attention.budget import validate_budget
-from budgeted_attention.checkpoint import load_model, save_model
 from budgeted_attention.config import apply_overrides, deep_merge, from_dict, load_yaml, to_dict
 from budgeted_attention.data.dataset import TensorSplits
 from budgeted_attention.data.synthetic import SyntheticConfig, make_synthetic_splits
@@ -40,11 +39,10 @@ from budgeted_attention.data.text import TextDataConfig, make_text_splits
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
 from budgeted_attention.model.config import ModelConfig
-from budgeted_attention.model.cost import CostModel
-from budgeted_attention.model.transformer import EncoderClassifier
 from budgeted_attention.pruning.importance import gradient_importance, leave_one_out_importance
 from budgeted_attention.pruning.selection import HeadRanking
 from budgeted_attention.recipes.common import attach_latency, sweep_hard, sweep_soft
+from budgeted_attention.recipes.families import PretrainedConfig, make_family
 from budgeted_attention.recipes.rundir import init_run_dir
 from budgeted_attention.reporting.plots import plot_accuracy_vs_budget, plot_accuracy_vs_speedup
 from budgeted_attention.reporting.results import write_results
@@ -66,6 +64,8 @@ class ExperimentConfig:
     static_budgets: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
     posthoc_importance: str = "gradient"
     min_one_per_layer: bool = True
+    model_family: str = "encoder"
+    pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
     data: TextDataConfig = field(default_factory=TextDataConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     model: ModelConfig = field(default_factory=lambda: ModelConfig(d_model=128, n_layers=4, n_heads=4, d_ff=512, max_len=64, pooling="mean", dropout=0.1))
@@ -96,10 +96,10 @@ def load_experiment_config(path: str, overrides: list[str] | None = None) -> Exp
     return from_dict(ExperimentConfig, merged, "experiment")
 
 
-def make_splits(cfg: ExperimentConfig, out: Path) -> TensorSplits:
+def make_splits(cfg: ExperimentConfig, out: Path, pretrained_tokenizer=None) -> TensorSplits:
     if cfg.data.source == "synthetic":
         return make_synthetic_splits(cfg.synthetic, cfg.data.split_seed)
-    splits, _ = make_text_splits(cfg.data, tokenizer_path=out / "tokenizer.json")
+    splits, _ = make_text_splits(cfg.data, tokenizer_path=out / "tokenizer.json", pretrained_tokenizer=pretrained_tokenizer)
     return splits
 
 
@@ -111,13 +111,11 @@ class Experiment:
         self.out.mkdir(parents=True, exist_ok=True)
         self._check_same_config()
         init_run_dir(self.out, to_dict(cfg), cfg.seeds)
-        self.splits = make_splits(cfg, self.out)
-        self.model_cfg = dataclasses.replace(
-            cfg.model, vocab_size=self.splits.vocab_size, n_classes=self.splits.n_classes, pad_id=self.splits.pad_id, heads_per_layer=[]
-        )
-        if self.splits.seq_len > self.model_cfg.max_len:
-            raise ConfigError(f"model.max_len ({self.model_cfg.max_len}) is shorter than the data ({self.splits.seq_len} tokens)")
-        self.head_costs = CostModel(self.model_cfg, self.splits.seq_len).head_costs()
+        self.family = make_family(cfg.model_family, cfg.model, cfg.pretrained)
+        self.splits = make_splits(cfg, self.out, self.family.pretrained_tokenizer())
+        self.family.prepare(self.splits)
+        self.n_layers, self.n_heads = self.family.shape
+        self.head_costs = self.family.cost(self.splits.seq_len).head_costs()
         self.eval_batch = cfg.train.eval_batch_size
 
     # ---------------------------------------------------------------- bookkeeping
@@ -147,25 +145,25 @@ class Experiment:
         write_json_atomic(path, {"rows": rows, "seconds": time.time() - started})
         return rows
 
-    def _load(self, seed: int, name: str) -> EncoderClassifier:
-        model, _ = load_model(self._ckpt(seed, name))
+    def _load(self, seed: int, name: str):
+        model, _ = self.family.load(self._ckpt(seed, name))
         return model
 
     # ---------------------------------------------------------------- methods
 
     def _dense(self, seed: int) -> list[dict[str, Any]]:
-        model = EncoderClassifier(self.model_cfg)
+        model = self.family.create()
         train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress)
-        save_model(model, self._ckpt(seed, "dense"), method="dense", seed=seed)
+        self.family.save(model, self._ckpt(seed, "dense"), method="dense", seed=seed)
         accuracy = evaluate_accuracy(model, self.splits.test, self.eval_batch)
         return [{"method": "dense", "budget": 1.0, "seed": seed, "accuracy": accuracy, "estimated_cost": 1.0,
-                 "heads_kept": self.model_cfg.total_heads, "speedup": 1.0, "ideal_speedup": 1.0}]
+                 "heads_kept": self.n_layers * self.n_heads, "speedup": 1.0, "ideal_speedup": 1.0}]
 
     def _budgeted(self, seed: int) -> list[dict[str, Any]]:
         dense = self._load(seed, "dense")
         model = copy.deepcopy(dense)
         train_budgeted(model, self.splits.train, self.cfg.train, self.head_costs, seed=seed, teacher=dense, progress=self.progress)
-        save_model(model, self._ckpt(seed, "budgeted"), method="budgeted", seed=seed)
+        self.family.save(model, self._ckpt(seed, "budgeted"), method="budgeted", seed=seed)
         return sweep_soft(model, self.splits, self.cfg.budgets, self.head_costs, "budgeted", seed, self.eval_batch)
 
     def _hard(self, seed: int) -> list[dict[str, Any]]:
@@ -173,7 +171,7 @@ class Experiment:
         ranking = HeadRanking.from_scores(model.gates.importance(), self.cfg.min_one_per_layer)
         before = {r["budget"]: r["accuracy"] for r in sweep_hard(model, self.splits, self.cfg.budgets, ranking, seed, self.eval_batch)}
         train_hard(model, self.splits.train, self.cfg.train, ranking, seed=seed, progress=self.progress)
-        save_model(model, self._ckpt(seed, "budgeted-hard"), method="budgeted-hard", seed=seed, ranking=ranking.to_dict())
+        self.family.save(model, self._ckpt(seed, "budgeted-hard"), method="budgeted-hard", seed=seed, ranking=ranking.to_dict())
         rows = sweep_hard(model, self.splits, self.cfg.budgets, ranking, seed, self.eval_batch)
         for row in rows:
             row["accuracy_before_adaptation"] = before[row["budget"]]
@@ -193,11 +191,10 @@ class Experiment:
         if path.exists():
             return HeadRanking.from_dict(json.loads(path.read_text()))
         dense = self._load(seed, "dense")
-        cfg = self.model_cfg
         if self.cfg.posthoc_importance == "gradient":
-            scores = gradient_importance(dense, self.splits.val, cfg.n_layers, cfg.n_heads)
+            scores = gradient_importance(dense, self.splits.val, self.n_layers, self.n_heads)
         else:
-            scores = leave_one_out_importance(dense, self.splits.val, cfg.n_layers, cfg.n_heads)
+            scores = leave_one_out_importance(dense, self.splits.val, self.n_layers, self.n_heads)
         ranking = HeadRanking.from_scores(scores, self.cfg.min_one_per_layer)
         write_json_atomic(path, {**ranking.to_dict(), "scores": scores.tolist(), "importance": self.cfg.posthoc_importance})
         return ranking
@@ -218,17 +215,16 @@ class Experiment:
         return rows
 
     def _bench(self, seed: int) -> list[dict[str, Any]]:
-        model = self._load(seed, "budgeted-hard")
-        _, description = load_model(self._ckpt(seed, "budgeted-hard"))
+        model, description = self.family.load(self._ckpt(seed, "budgeted-hard"))
         ranking = HeadRanking.from_dict(description["ranking"])
         budgets = self.cfg.bench.budgets or [b for b in self.cfg.budgets if b < 1.0]
         seq_lens = self.cfg.bench.seq_lens or [self.splits.seq_len]
         bench_cfg = dataclasses.replace(self.cfg.bench, budgets=budgets, seq_lens=seq_lens[:1], batch_sizes=self.cfg.bench.batch_sizes[:1])
-        result = bench_models(model, ranking, bench_cfg, progress=self.progress)
+        result = self.family.bench(model, ranking, bench_cfg, self.progress)
         return result["rows"]
 
     def _add_ideal(self, rows: list[dict[str, Any]]) -> None:
-        cost = CostModel(self.model_cfg, self.splits.seq_len)
+        cost = self.family.cost(self.splits.seq_len)
         for row in rows:
             row["ideal_speedup"] = cost.ideal_speedup(row["heads_per_layer"])
 

@@ -1,0 +1,54 @@
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is not installed")
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors  # noqa: E402
+from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast  # noqa: E402
+
+from budgeted_attention.recipes.experiment import Experiment, load_experiment_config  # noqa: E402
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+
+def _local_tiny_bert(folder: Path) -> None:
+    """A randomly initialised tiny BERT and a WordPiece tokenizer saved like a hub checkpoint."""
+    words = "war election minister treaty match goal team season shares profit market bank software chip internet phone news report the a of".split()
+    vocab = {tok: i for i, tok in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words])}
+    backend = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    BertTokenizerFast(tokenizer_object=backend).save_pretrained(folder)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24, max_position_embeddings=32)
+    BertForSequenceClassification(config).save_pretrained(folder)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_bert_family_runs_every_method_through_the_runner(tmp_path):
+    _local_tiny_bert(tmp_path / "bert")
+    config = tmp_path / "bert.yaml"
+    config.write_text(f"""
+name: tiny-bert
+seeds: [0]
+budgets: [0.5, 1.0]
+static_budgets: [0.5]
+model_family: bert
+pretrained: {{path: {tmp_path / "bert"}}}
+data:
+  source: ag_news
+  train_file: {FIXTURES / "ag_news_train.csv"}
+  test_file: {FIXTURES / "ag_news_test.csv"}
+  max_len: 12
+  val_fraction: 0.25
+train: {{dense_steps: 3, budgeted_steps: 3, hard_steps: 2, recovery_steps: 1, batch_size: 8}}
+bench: {{rounds: 1, min_run_time: 0.005}}
+""")
+    out = tmp_path / "run"
+    Experiment(load_experiment_config(str(config)), out, progress=False, log=lambda *_: None).run()
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {r["method"] for r in rows} == {"dense", "budgeted", "budgeted-hard", "static", "posthoc", "posthoc-recovered"}
+    hard = [r for r in rows if r["method"] == "budgeted-hard" and r["budget"] == 0.5]
+    assert hard[0]["heads_kept"] == 2 and "speedup" in hard[0] and "ideal_speedup" in hard[0]
+    assert (out / "checkpoints" / "seed0" / "budgeted-hard.safetensors").is_file()
