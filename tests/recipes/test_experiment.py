@@ -94,6 +94,6 @@ def test_config_errors_name_the_bad_value(tmp_path):
 
 def test_shipped_configs_parse():
     root = Path(experiment_module.__file__).parents[3] / "configs"
-    for name in ("synthetic", "ag_news", "dbpedia14", "bbc_short", "bbc_news", "minilm_bbc_short"):
+    for name in ("synthetic", "ag_news", "dbpedia14", "bbc_short", "bbc_news", "minilm_bbc_short", "bert_mini_ag_news", "bert_mini_dbpedia14"):
         cfg = load_experiment_config(str(root / f"{name}.yaml"))
         assert cfg.name
