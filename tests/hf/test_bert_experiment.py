@@ -52,3 +52,10 @@ bench: {{rounds: 1, min_run_time: 0.005}}
     hard = [r for r in rows if r["method"] == "budgeted-hard" and r["budget"] == 0.5]
     assert hard[0]["heads_kept"] == 2 and "speedup" in hard[0] and "ideal_speedup" in hard[0]
     assert (out / "checkpoints" / "seed0" / "budgeted-hard.safetensors").is_file()
+
+    from budgeted_attention.recipes.bench import run_bench
+
+    result = run_bench(out, seed=0, budgets=[0.5], batch_sizes=[2], seq_lens=[8], threads=1, rounds=1,
+                       min_run_time=0.005, json_path=str(tmp_path / "b.json"), progress=False, log=lambda *_: None)
+    assert result["setting"]["dense_reference"].startswith("unmodified transformers")
+    assert result["rows"][0]["heads_kept"] == 2 and (tmp_path / "b.md").is_file()

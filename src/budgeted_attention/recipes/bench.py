@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,21 @@ def find_hard_checkpoint(run_dir: str | Path, seed: int | None) -> Path:
     return candidates[0]
 
 
+def _is_hf_checkpoint(checkpoint: Path) -> bool:
+    from budgeted_attention.hf.bert import HF_FORMAT  # noqa: PLC0415
+
+    try:
+        return json.loads(checkpoint.read_text(encoding="utf-8")).get("format") == HF_FORMAT
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return False
+
+
+def _ranking(checkpoint: Path, description: dict[str, Any]) -> HeadRanking:
+    if "ranking" not in description:
+        raise CheckpointError(f"'{checkpoint}' has no head ranking (not a budgeted-hard checkpoint)")
+    return HeadRanking.from_dict(description["ranking"])
+
+
 def run_bench(
     run_dir: str | Path,
     *,
@@ -44,12 +61,19 @@ def run_bench(
     log=print,
 ) -> dict[str, Any]:
     checkpoint = find_hard_checkpoint(run_dir, seed)
-    model, description = load_model(checkpoint)
-    if "ranking" not in description:
-        raise CheckpointError(f"'{checkpoint}' has no head ranking (not a budgeted-hard checkpoint)")
-    ranking = HeadRanking.from_dict(description["ranking"])
     cfg = BenchConfig(budgets=budgets, batch_sizes=batch_sizes, seq_lens=seq_lens, threads=threads, rounds=rounds, min_run_time=min_run_time)
-    result = bench_models(model, ranking, cfg, progress=progress)
+    if _is_hf_checkpoint(checkpoint):
+        # A pretrained BERT-family run: the reference is the unmodified transformers model.
+        from budgeted_attention.hf.bench import bench_bert  # noqa: PLC0415
+        from budgeted_attention.hf.bert import load_saved_gated_bert  # noqa: PLC0415
+
+        model, description = load_saved_gated_bert(checkpoint)
+        ranking = _ranking(checkpoint, description)
+        result = bench_bert(model, ranking, dataclasses.replace(cfg, include_sliced=False), progress=progress)
+    else:
+        model, description = load_model(checkpoint)
+        ranking = _ranking(checkpoint, description)
+        result = bench_models(model, ranking, cfg, progress=progress)
     result["checkpoint"] = str(checkpoint)
     out_dir = checkpoint.parent.parent.parent if Path(run_dir).is_dir() else checkpoint.parent
     json_file = Path(json_path) if json_path else out_dir / "bench.json"
