@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     experiment.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     bench = sub.add_parser("bench", help="measure CPU latency of dense vs pruned models of a run")
-    bench.add_argument("run_dir", help="run directory written by 'baa demo' (or a budgeted-hard checkpoint .json)")
+    bench.add_argument("run_dir", help="run directory written by 'baa demo' or 'baa experiment' (or a budgeted-hard checkpoint .json)")
     bench.add_argument("--seed", type=int, default=None, help="which seed's checkpoint (default: the first found)")
     bench.add_argument("--budgets", type=_budgets, default=[0.25, 0.5, 0.75], help="comma-separated budgets (default 0.25,0.5,0.75)")
     bench.add_argument("--batch-sizes", type=_csv_ints, default=[1, 32], help="comma-separated batch sizes (default 1,32)")
