@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgeted_attention.budget import validate_budget
 from budgeted_attention.errors import CheckpointError
 from budgeted_attention.model.gates import BudgetGates
 
@@ -105,8 +104,7 @@ class GatedBertClassifier(nn.Module):
         gates: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(batch, n_classes) logits; gating as in ``EncoderClassifier.forward``."""
-        if gates is None and budget is not None and validate_budget(budget) < 1.0:
-            gates = self.gates(budget)
+        gates = self.gates.resolve(budget, gates)
         for layer, attention in enumerate(self.attentions):
             attention.head_gates = None if gates is None else gates[layer, : attention.num_heads]
         try:

@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgeted_attention.budget import validate_budget
 from budgeted_attention.model.attention import GatedSelfAttention
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.gates import BudgetGates
@@ -86,15 +85,7 @@ class EncoderClassifier(nn.Module):
 
     def gate_values(self, budget: float | None = None, gates: torch.Tensor | None = None) -> torch.Tensor | None:
         """The (n_layers, n_heads) gates used for a forward pass, or None for no gating."""
-        if gates is not None:
-            return gates
-        if budget is not None:
-            # g(1) = 1 exactly for every head, so b = 1 *is* the dense model: skip the identity
-            # multiply and keep the fast path (after validating the budget like any other).
-            if validate_budget(budget) == 1.0:
-                return None
-            return self.gates(budget)
-        return None
+        return self.gates.resolve(budget, gates)
 
     def forward(
         self,
