@@ -236,7 +236,7 @@ def _load_from_hub(source: str, class_names: list[str]) -> RawDataset:
     def convert(split: Any) -> list[Example]:
         out = []
         for item in split:
-            text = " ".join(str(item.get("title", "")) .split() + str(item.get(body_field, "")).split())
+            text = " ".join(f'{item.get("title", "")} {item.get(body_field, "")}'.split())
             out.append(Example(text, int(item["label"])))
         return out
 

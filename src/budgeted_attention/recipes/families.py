@@ -79,7 +79,7 @@ class BertFamily:
     def __init__(self, pretrained: PretrainedConfig) -> None:
         self.path = pretrained.resolved()
         self.num_labels = 0
-        self._shape: tuple[int, int] | None = None
+        self._hf_config = None  # read once from disk, reused by shape and every cost() call
 
     def pretrained_tokenizer(self):
         from transformers import AutoTokenizer  # noqa: PLC0415
@@ -94,10 +94,8 @@ class BertFamily:
 
     @property
     def shape(self) -> tuple[int, int]:
-        if self._shape is None:
-            cfg = self._config()
-            self._shape = (cfg.num_hidden_layers, cfg.num_attention_heads)
-        return self._shape
+        cfg = self._config()
+        return cfg.num_hidden_layers, cfg.num_attention_heads
 
     def create(self) -> nn.Module:
         from budgeted_attention.hf.bert import load_gated_bert  # noqa: PLC0415
@@ -115,14 +113,15 @@ class BertFamily:
         return load_saved_gated_bert(path)
 
     def _config(self):
-        from transformers import AutoConfig  # noqa: PLC0415
+        if self._hf_config is None:
+            from transformers import AutoConfig  # noqa: PLC0415
 
-        try:
-            config = AutoConfig.from_pretrained(self.path)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot load the config of '{self.path}': {str(exc).splitlines()[0]}") from exc
-        config.num_labels = self.num_labels or config.num_labels
-        return config
+            try:
+                self._hf_config = AutoConfig.from_pretrained(self.path)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"cannot load the config of '{self.path}': {str(exc).splitlines()[0]}") from exc
+        self._hf_config.num_labels = self.num_labels or self._hf_config.num_labels
+        return self._hf_config
 
     def cost(self, seq_len: int) -> CostModel:
         from budgeted_attention.hf.bert import bert_cost_model  # noqa: PLC0415
