@@ -14,7 +14,8 @@ import warnings
 
 import torch
 
-from budgeted_attention.benchmark.runner import BenchConfig, bench_markdown
+from budgeted_attention.benchmark.config import BenchConfig
+from budgeted_attention.benchmark.runner import bench_markdown
 from budgeted_attention.hf.bench import bench_bert
 from budgeted_attention.hf.bert import load_gated_bert, minilm_path
 from budgeted_attention.pruning.selection import HeadRanking

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from budgeted_attention.benchmark.config import BenchConfig
 from budgeted_attention.benchmark.latency import measure_interleaved, time_call
 from budgeted_attention.benchmark.reference import PlainEncoder
 from budgeted_attention.model.cost import CostModel
@@ -15,19 +15,6 @@ from budgeted_attention.model.transformer import EncoderClassifier
 from budgeted_attention.pruning.selection import HeadRanking
 from budgeted_attention.pruning.surgery import prune_to_budget
 from budgeted_attention.pruning.switching import SlicedModel
-
-
-@dataclass
-class BenchConfig:
-    """Settings of a latency benchmark (times in seconds)."""
-
-    budgets: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
-    batch_sizes: list[int] = field(default_factory=lambda: [1])
-    seq_lens: list[int] = field(default_factory=lambda: [128])
-    threads: int = 1
-    rounds: int = 5
-    min_run_time: float = 0.2
-    include_sliced: bool = True
 
 
 def _random_inputs(config, batch: int, seq: int, seed: int = 0) -> torch.Tensor:

@@ -9,7 +9,8 @@ import torch
 from tqdm.auto import tqdm
 
 from budgeted_attention.benchmark.latency import measure_interleaved
-from budgeted_attention.benchmark.runner import BenchConfig, speed_row
+from budgeted_attention.benchmark.config import BenchConfig
+from budgeted_attention.benchmark.runner import speed_row
 from budgeted_attention.hf.bert import GatedBertClassifier, bert_cost_model
 from budgeted_attention.pruning.selection import HeadRanking
 

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from budgeted_attention.benchmark.runner import BenchConfig, bench_markdown, bench_models
+from budgeted_attention.benchmark.config import BenchConfig
+from budgeted_attention.benchmark.runner import bench_markdown, bench_models
 from budgeted_attention.checkpoint import load_model
 from budgeted_attention.errors import CheckpointError
 from budgeted_attention.io import write_json_atomic, write_text_atomic

@@ -16,7 +16,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from budgeted_attention.benchmark.runner import BenchConfig, bench_markdown, bench_models
+from budgeted_attention.benchmark.config import BenchConfig
+from budgeted_attention.benchmark.runner import bench_markdown, bench_models
 from budgeted_attention.budget import default_budget_sweep, validate_budget
 from budgeted_attention.checkpoint import save_model
 from budgeted_attention.config import apply_overrides, deep_merge, from_dict, load_yaml, to_dict

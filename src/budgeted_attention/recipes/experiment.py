@@ -30,7 +30,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from budgeted_attention.benchmark.runner import BenchConfig
+from budgeted_attention.benchmark.config import BenchConfig
 from budgeted_attention.budget import validate_budget
 from budgeted_attention.config import apply_overrides, deep_merge, from_dict, load_yaml, to_dict
 from budgeted_attention.data.dataset import TensorSplits

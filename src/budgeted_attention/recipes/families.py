@@ -11,7 +11,8 @@ from typing import Any
 
 from torch import nn
 
-from budgeted_attention.benchmark.runner import BenchConfig, bench_models
+from budgeted_attention.benchmark.config import BenchConfig
+from budgeted_attention.benchmark.runner import bench_models
 from budgeted_attention.checkpoint import load_model, save_model
 from budgeted_attention.data.dataset import TensorSplits
 from budgeted_attention.errors import ConfigError
