@@ -1,8 +1,21 @@
 """A plain dense encoder with no gate code, used as the latency reference.
 
-It is the textbook pre-LN encoder (separate Q/K/V linear layers, SDPA, output linear) built
-from an :class:`EncoderClassifier`'s weights, so "gating costs nothing at b = 1" can be
-measured against a model that has never heard of gates.
+Every speedup in ``baa bench`` is ``reference latency / pruned latency``, so the reference must
+run exactly the kernels the (pruned) :class:`EncoderClassifier` runs on its dense path, or part
+of the "speedup" is just a slower reference. :class:`PlainEncoder` therefore mirrors the
+model's dense path op for op:
+
+* one fused Q/K/V ``F.linear`` per layer, in the model's own per-head interleaved weight layout
+  (rows of head h are ``[q_h; k_h; v_h]``), so the GEMM shape *and* the strides of the q/k/v
+  views handed to SDPA are identical;
+* ``F.scaled_dot_product_attention`` with the same boolean key mask (True = attend), built only
+  when the batch actually contains padding, as the model does;
+* ``torch.addmm`` with the transposed output weight for the output projection;
+* the same ``nn.LayerNorm`` / ``nn.Linear`` + ``F.gelu`` feed-forward ops and pooling
+  (``cls`` or mask-aware ``mean``).
+
+What it leaves out is exactly the part under test: gate resolution, the per-head gate
+multiply, the active-head prefix slicing and the (inference-time no-op) dropout modules.
 """
 
 from __future__ import annotations
@@ -14,53 +27,85 @@ from torch import nn
 from budgeted_attention.model.transformer import EncoderClassifier
 
 
-class PlainAttention(nn.Module):
+class _PlainAttention(nn.Module):
+    """Dense multi-head self-attention: one fused Q/K/V GEMM, SDPA, one ``addmm``.
+
+    Parameters use the :class:`GatedSelfAttention` layout: ``qkv_weight`` (n_heads * 3 *
+    head_dim, d_model) with per-head ``[q_h; k_h; v_h]`` rows and ``out_weight_t`` (n_heads *
+    head_dim, d_model), the output projection stored transposed.
+    """
+
     def __init__(self, d_model: int, n_heads: int, head_dim: int) -> None:
         super().__init__()
-        self.n_heads, self.head_dim = n_heads, head_dim
-        self.q = nn.Linear(d_model, n_heads * head_dim)
-        self.k = nn.Linear(d_model, n_heads * head_dim)
-        self.v = nn.Linear(d_model, n_heads * head_dim)
-        self.out = nn.Linear(n_heads * head_dim, d_model)
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
+        self.qkv_weight = nn.Parameter(torch.empty(n_heads * 3 * head_dim, d_model))
+        self.qkv_bias = nn.Parameter(torch.empty(n_heads * 3 * head_dim))
+        self.out_weight_t = nn.Parameter(torch.empty(n_heads * head_dim, d_model))
+        self.out_bias = nn.Parameter(torch.empty(d_model))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.q(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v)
-        return self.out(y.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """(batch, seq, d_model) -> (batch, seq, d_model), before the residual add.
+
+        ``attn_mask``: None or boolean (batch, 1, 1, seq), True where keys may be attended.
+        """
+        batch, seq, _ = x.shape
+        h, hd = self.n_heads, self.head_dim
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q, k, v = qkv.view(batch, seq, h, 3, hd).permute(3, 0, 2, 1, 4).unbind(0)  # each (B, h, T, hd)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        y = y.transpose(1, 2).reshape(batch * seq, h * hd)
+        return torch.addmm(self.out_bias, y, self.out_weight_t).view(batch, seq, self.d_model)
 
 
-class PlainBlock(nn.Module):
+class _PlainBlock(nn.Module):
+    """x + Attn(LN(x)), then x + FFN(LN(x)) (no FFN when d_ff == 0)."""
+
     def __init__(self, d_model: int, n_heads: int, head_dim: int, d_ff: int) -> None:
         super().__init__()
-        self.ln1 = nn.LayerNorm(d_model)
-        self.attn = PlainAttention(d_model, n_heads, head_dim)
-        self.d_ff = d_ff
-        if d_ff:
-            self.ln2 = nn.LayerNorm(d_model)
+        self.ln_attn = nn.LayerNorm(d_model)
+        self.attn = _PlainAttention(d_model, n_heads, head_dim)
+        self.has_ffn = d_ff > 0
+        if self.has_ffn:
+            self.ln_ffn = nn.LayerNorm(d_model)
             self.fc1 = nn.Linear(d_model, d_ff)
             self.fc2 = nn.Linear(d_ff, d_model)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        if self.d_ff:
-            x = x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.attn(self.ln_attn(x), attn_mask)
+        if self.has_ffn:
+            x = x + self.fc2(F.gelu(self.fc1(self.ln_ffn(x))))
         return x
 
 
 class PlainEncoder(nn.Module):
-    """Dense encoder classifier without gates; logits equal ``EncoderClassifier(ids)``."""
+    """Dense, gate-free copy of an unpruned :class:`EncoderClassifier` (inference only).
+
+    ``PlainEncoder(model)(ids, mask)`` equals ``model(ids, mask)`` (the model at b = 1, no gates)
+    up to float rounding, for either pooling, with or without padding and with ``d_ff == 0``.
+    The weights are copied, so later changes to ``source`` do not affect the reference.
+
+    Raises:
+        ValueError: ``source`` is structurally pruned, or serves only a prefix of its heads
+            (``set_active_heads``): the reference is the full dense model.
+    """
 
     def __init__(self, source: EncoderClassifier) -> None:
         super().__init__()
         cfg = source.config
         if cfg.is_pruned:
-            raise ValueError("PlainEncoder mirrors the unpruned model only")
+            raise ValueError(
+                f"PlainEncoder mirrors the unpruned model only; got heads_per_layer={cfg.heads_per_layer}"
+            )
+        active = [block.attn.active_heads for block in source.blocks]
+        if any(a != cfg.n_heads for a in active):
+            raise ValueError(f"PlainEncoder needs all {cfg.n_heads} heads active per layer; got {active}")
+        self.max_len = cfg.max_len
+        self.pooling = cfg.pooling
         self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.position_embedding = nn.Embedding(cfg.max_len, cfg.d_model)
-        self.blocks = nn.ModuleList(PlainBlock(cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(
+            _PlainBlock(cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff) for _ in range(cfg.n_layers)
+        )
         self.ln_final = nn.LayerNorm(cfg.d_model)
         self.classifier = nn.Linear(cfg.d_model, cfg.n_classes)
         self._copy_from(source)
@@ -68,30 +113,52 @@ class PlainEncoder(nn.Module):
 
     @torch.no_grad()
     def _copy_from(self, source: EncoderClassifier) -> None:
-        cfg = source.config
         self.token_embedding.load_state_dict(source.token_embedding.state_dict())
         self.position_embedding.load_state_dict(source.position_embedding.state_dict())
         self.ln_final.load_state_dict(source.ln_final.state_dict())
         self.classifier.load_state_dict(source.classifier.state_dict())
-        h, hd, d = cfg.n_heads, cfg.head_dim, cfg.d_model
         for plain, block in zip(self.blocks, source.blocks):
-            plain.ln1.load_state_dict(block.ln_attn.state_dict())
-            qkv_w = block.attn.qkv_weight.view(h, 3, hd, d)
-            qkv_b = block.attn.qkv_bias.view(h, 3, hd)
-            for index, linear in enumerate((plain.attn.q, plain.attn.k, plain.attn.v)):
-                linear.weight.copy_(qkv_w[:, index].reshape(h * hd, d))
-                linear.bias.copy_(qkv_b[:, index].reshape(h * hd))
-            plain.attn.out.weight.copy_(block.attn.out_weight_t.t())
-            plain.attn.out.bias.copy_(block.attn.out_bias)
-            if cfg.d_ff:
-                plain.ln2.load_state_dict(block.ln_ffn.state_dict())
+            plain.ln_attn.load_state_dict(block.ln_attn.state_dict())
+            # Same layout as the source, so the tensors copy one to one (contiguous clones).
+            plain.attn.qkv_weight.copy_(block.attn.qkv_weight)
+            plain.attn.qkv_bias.copy_(block.attn.qkv_bias)
+            plain.attn.out_weight_t.copy_(block.attn.out_weight_t)
+            plain.attn.out_bias.copy_(block.attn.out_bias)
+            if plain.has_ffn:
+                plain.ln_ffn.load_state_dict(block.ln_ffn.state_dict())
                 plain.fc1.load_state_dict(block.ffn.fc1.state_dict())
                 plain.fc2.load_state_dict(block.ffn.fc2.state_dict())
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Class logits.
+
+        Args:
+            input_ids: (batch, seq) token ids, seq <= max_len.
+            attention_mask: optional (batch, seq), 1 for real tokens and 0 for padding.
+
+        Returns:
+            (batch, n_classes) logits.
+        """
+        batch, seq = input_ids.shape
+        if seq > self.max_len:
+            raise ValueError(f"sequence length {seq} exceeds model max_len {self.max_len}")
+        positions = torch.arange(seq, device=input_ids.device)
         x = self.token_embedding(input_ids) + self.position_embedding(positions)
+        # Same rule as the model: an all-ones mask is dropped so SDPA can take its unmasked
+        # (fastest) kernel; otherwise keys at padding are masked out.
+        sdpa_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            sdpa_mask = attention_mask.bool().view(batch, 1, 1, seq)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, sdpa_mask)
         x = self.ln_final(x)
-        return self.classifier(x[:, 0])
+        return self.classifier(self._pool(x, attention_mask))
+
+    def _pool(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """(batch, seq, d) -> (batch, d): first position, or the mean over real tokens."""
+        if self.pooling == "cls":
+            return x[:, 0]
+        if attention_mask is None:
+            return x.mean(dim=1)
+        weights = attention_mask.to(x.dtype).unsqueeze(-1)
+        return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)

@@ -1,0 +1,145 @@
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from budgeted_attention.benchmark.inputs import LengthProfile, length_batches, random_ids, split_lengths
+from budgeted_attention.data.dataset import Split
+
+
+def _split(lengths: list[int], seq: int) -> Split:
+    mask = (torch.arange(seq) < torch.tensor(lengths).unsqueeze(1)).long()
+    ids = torch.randint(1, 20, (len(lengths), seq)).masked_fill(mask == 0, 0)
+    return Split(ids, mask, torch.zeros(len(lengths), dtype=torch.long))
+
+
+def test_random_ids_shape_range_and_seed():
+    ids = random_ids(50, 3, 7, seed=4, low=2)
+    assert ids.shape == (3, 7) and ids.dtype == torch.long
+    assert int(ids.min()) >= 2 and int(ids.max()) < 50
+    assert torch.equal(ids, random_ids(50, 3, 7, seed=4, low=2))
+    assert not torch.equal(ids, random_ids(50, 3, 7, seed=5, low=2))
+
+
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        (dict(vocab_size=0, batch=1, seq=1), "vocab_size"),
+        (dict(vocab_size=5, batch=0, seq=1), "batch"),
+        (dict(vocab_size=5, batch=1, seq=-2), "seq"),
+        (dict(vocab_size=5, batch=1, seq=1, low=5), "low"),
+    ],
+)
+def test_random_ids_validation(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        random_ids(**kwargs)
+
+
+def test_split_lengths_are_mask_sums():
+    assert split_lengths(_split([3, 1, 8, 5], 8)) == [3, 1, 8, 5]
+
+
+def test_length_batches_shapes_padding_and_ids():
+    lengths = [2, 3, 5, 9]
+    batches = length_batches(lengths, batch_size=6, n_batches=10, vocab_size=12, seed=1, pad_id=3, low=1)
+    assert len(batches) == 10
+    for ids, mask in batches:
+        assert ids.shape == mask.shape and ids.shape[0] == 6
+        assert ids.dtype == mask.dtype == torch.long
+        row_lengths = mask.sum(dim=1)
+        assert set(row_lengths.tolist()) <= set(lengths)
+        assert ids.shape[1] == int(row_lengths.max())  # padded to the longest example only
+        # Right padding: a row's mask is 1...1 0...0.
+        assert torch.equal(mask, (torch.arange(ids.shape[1]) < row_lengths.unsqueeze(1)).long())
+        assert bool((ids[mask == 0] == 3).all())
+        real = ids[mask == 1]
+        assert bool((real != 3).all()) and int(real.min()) >= 1 and int(real.max()) < 12
+
+
+def test_length_batches_seed_determinism():
+    a = length_batches([4, 7, 11], 3, 5, 30, seed=2)
+    b = length_batches([4, 7, 11], 3, 5, 30, seed=2)
+    c = length_batches([4, 7, 11], 3, 5, 30, seed=3)
+    assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
+    assert any(x[0].shape != y[0].shape or not torch.equal(x[0], y[0]) for x, y in zip(a, c))
+
+
+def test_length_batches_uses_every_non_pad_id():
+    # vocab 4 with pad 0 and low 0: real ids are exactly {1, 2, 3}, none missing.
+    ids, mask = length_batches([50], 4, 1, 4, seed=0, pad_id=0)[0]
+    assert set(ids[mask == 1].tolist()) == {1, 2, 3}
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, word",
+    [
+        (([], 2, 2, 10), {}, "lengths"),
+        (([3, 0], 2, 2, 10), {}, "lengths"),
+        (([3, 1.5], 2, 2, 10), {}, "lengths"),
+        (([3], 0, 2, 10), {}, "batch_size"),
+        (([3], 2, 0, 10), {}, "n_batches"),
+        (([3], 2, 2, 0), {}, "vocab_size"),
+        (([3], 2, 2, 10), {"low": 10}, "low"),
+        (([3], 2, 2, 1), {"pad_id": 0}, "non-pad"),
+    ],
+)
+def test_length_batches_validation(args, kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        length_batches(*args, **kwargs)
+
+
+def test_length_sampling_follows_distribution():
+    # 1/4 of examples have 3 tokens, 3/4 have 10: sampled frequencies must match.
+    lengths = [3] * 25 + [10] * 75
+    batches = length_batches(lengths, 16, 250, 20, seed=0)
+    counts = Counter(n for _, mask in batches for n in mask.sum(dim=1).tolist())
+    total = sum(counts.values())
+    assert set(counts) == {3, 10}
+    assert abs(counts[3] / total - 0.25) < 0.02  # 4000 draws: ~7 standard errors of margin
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 12), min_size=1, max_size=8),
+    batch_size=st.integers(1, 5),
+    n_batches=st.integers(1, 4),
+    seed=st.integers(0, 2**31),
+)
+def test_sampled_lengths_stay_in_support(lengths, batch_size, n_batches, seed):
+    batches = length_batches(lengths, batch_size, n_batches, 9, seed=seed)
+    assert len(batches) == n_batches
+    for ids, mask in batches:
+        sampled = mask.sum(dim=1).tolist()
+        assert len(sampled) == batch_size and set(sampled) <= set(lengths)
+        assert ids.shape[1] == max(sampled)
+
+
+@settings(max_examples=15, deadline=None)
+@given(weights=st.lists(st.integers(1, 5), min_size=2, max_size=4), seed=st.integers(0, 1000))
+def test_sampled_frequencies_track_empirical_frequencies(weights, seed):
+    # Length i+1 appears weights[i] times; 3000 draws put each frequency within 0.06 (>5 sigma).
+    lengths = [i + 1 for i, w in enumerate(weights) for _ in range(w)]
+    batches = length_batches(lengths, 30, 100, 9, seed=seed)
+    counts = Counter(n for _, mask in batches for n in mask.sum(dim=1).tolist())
+    for i, w in enumerate(weights):
+        assert abs(counts[i + 1] / 3000 - w / len(lengths)) < 0.06
+
+
+def test_length_profile_stats_and_dict():
+    profile = LengthProfile("toy", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert profile.mean == 5.5 and profile.median == 5.5 and profile.max == 10
+    assert profile.p90 == pytest.approx(9.1)  # linear interpolation, as numpy's default
+    d = profile.to_dict()
+    assert d == {"name": "toy", "n": 10, "mean": 5.5, "median": 5.5, "p90": pytest.approx(9.1), "max": 10}
+    assert "lengths" not in d
+    assert profile.to_dict(include_lengths=True)["lengths"] == list(range(1, 11))
+
+
+def test_length_profile_from_split_and_validation():
+    profile = LengthProfile.from_split("s", _split([4, 2, 4], 6))
+    assert profile.lengths == [4, 2, 4] and profile.median == 4.0 and profile.max == 4
+    assert LengthProfile("tensor ints", list(torch.tensor([3, 5]))).lengths == [3, 5]
+    with pytest.raises(ValueError, match="lengths"):
+        LengthProfile("empty", [])
