@@ -80,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--min-run-time", type=float, default=0.3, help="seconds per timing block (default 0.3)")
     bench.add_argument("--json", help="write the JSON result here (default RUN_DIR/bench.json)")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+    report = sub.add_parser("report", help="write a results document (Markdown + figures) from run directories")
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories, one section each, in this order")
+    report.add_argument("--out", required=True, help="Markdown file to write, e.g. docs/results.md")
+    report.add_argument("--figures-dir", help="where the runs' PNG figures are copied (default: <out dir>/figures)")
+    report.add_argument("--title", default="Results", help="title of the document (default: Results)")
     return parser
 
 
@@ -118,6 +124,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from budgeted_attention.reporting.report import write_report
+
+    # The document's header names the command: sys.argv when this process is 'baa report', else its equivalent.
+    if sys.argv[1:2] == ["report"]:
+        command = sys.argv
+    else:
+        command = ["baa", "report", *args.run_dirs, "--out", args.out]
+        command += ["--figures-dir", args.figures_dir] if args.figures_dir else []
+        command += ["--title", args.title] if args.title != "Results" else []
+    figures = Path(args.figures_dir) if args.figures_dir else None
+    print(write_report([Path(p) for p in args.run_dirs], Path(args.out), figures, args.title, command=command))
+    return 0
+
+
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Library warnings (e.g. skipped malformed rows) as one line on stderr."""
     print(f"baa: warning: {message}", file=sys.stderr if file is None else file)
@@ -127,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _one_line_warning
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"demo": _cmd_demo, "experiment": _cmd_experiment, "bench": _cmd_bench}
+    handlers = {"demo": _cmd_demo, "experiment": _cmd_experiment, "bench": _cmd_bench, "report": _cmd_report}
     try:
         return handlers[args.command](args)
     except (BAAError, ValueError, FileNotFoundError) as exc:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -75,8 +76,42 @@ _TRACKED_PACKAGES = (
 )
 
 
+def _git(args: list[str], cwd: Path, timeout: float) -> str | None:
+    """stdout of ``git ARGS`` in ``cwd``, or None when git is missing, fails or times out."""
+    try:
+        result = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
+def source_provenance(package_dir: str | os.PathLike[str] | None = None, timeout: float = 5.0) -> dict[str, Any]:
+    """``{"commit": sha or None, "dirty": bool or None}`` of the git checkout holding the package.
+
+    The package's own files must be tracked by that checkout (a package installed into a virtual
+    environment that happens to lie inside some repository gets None, not that repository's
+    commit). ``dirty`` is whether ``git status --porcelain`` lists anything. Never raises.
+    """
+    where = Path(package_dir) if package_dir is not None else Path(__file__).resolve().parent
+    unknown: dict[str, Any] = {"commit": None, "dirty": None}
+    if not where.is_dir():
+        return unknown
+    commit = _git(["rev-parse", "--verify", "HEAD"], where, timeout)
+    if not commit or _git(["ls-files", "--error-unmatch", "--", "."], where, timeout) is None:
+        return unknown
+    status = _git(["status", "--porcelain"], where, timeout)
+    return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
+
+
 def environment_info() -> dict[str, Any]:
-    """Package versions and platform facts recorded in every run directory."""
+    """Package versions, platform facts and source provenance recorded in every run directory.
+
+    ``commit`` / ``dirty``: git commit of the package's source checkout and whether it had
+    uncommitted changes (both None outside a git checkout or without git).
+    """
     versions: dict[str, str | None] = {}
     for name in _TRACKED_PACKAGES:
         try:
@@ -89,4 +124,5 @@ def environment_info() -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "packages": versions,
+        **source_provenance(),
     }

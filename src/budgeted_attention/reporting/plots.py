@@ -15,8 +15,9 @@ from budgeted_attention.reporting.results import aggregate  # noqa: E402
 
 
 _COLORS = {
-    "dense": "black", "budgeted": "tab:blue", "budgeted-hard": "tab:orange", "budgeted-scratch": "tab:red",
-    "static": "tab:green", "posthoc": "tab:purple", "posthoc-recovered": "tab:brown",
+    "dense": "black", "dense-long": "dimgray", "budgeted": "tab:blue", "budgeted-hard": "tab:orange",
+    "budgeted-scratch": "tab:red", "static": "tab:green", "static-hard": "tab:olive", "posthoc": "tab:purple",
+    "posthoc-recovered": "tab:brown", "posthoc-recovered-1ep": "tab:pink",
 }
 
 
@@ -37,10 +38,10 @@ def plot_accuracy_vs_cost(rows: list[dict[str, Any]], path: str | Path, title: s
     fig, (ax_acc, ax_cost) = plt.subplots(1, 2, figsize=(11, 4.2))
     methods = sorted({e["method"] for e in summary}, key=lambda m: [e["method"] for e in summary].index(m))
     for method in methods:
-        entries = [e for e in summary if e["method"] == method and "estimated_cost_mean" in e]
+        entries = [e for e in summary if e["method"] == method and ("cost_mean" in e or "estimated_cost_mean" in e)]
         if not entries:
             continue
-        xs = [e["estimated_cost_mean"] for e in entries]
+        xs = [e.get("cost_mean", e.get("estimated_cost_mean")) for e in entries]
         ys = [100 * e["accuracy_mean"] for e in entries]
         errs = [100 * e["accuracy_std"] for e in entries]
         ax_acc.errorbar(xs, ys, yerr=errs, marker="s" if method == "dense" else "o", markersize=8 if method == "dense" else 5, capsize=3, label=method, color=_color(method), zorder=3 if method == "dense" else 2)

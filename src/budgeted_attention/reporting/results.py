@@ -1,8 +1,17 @@
 """Result rows and their aggregation.
 
-A result row is a flat dict with at least ``method``, ``budget``, ``seed``, ``accuracy`` and
-``estimated_cost``; later stages add fields (``heads_kept``, ``latency_ms``, ``speedup``,
-``ideal_speedup``...). ``results.json`` is ``{"rows": [...]}``.
+A result row is a flat dict with at least ``method``, ``budget``, ``seed`` and ``accuracy`` (test
+split); later stages add fields (``heads_kept``, ``latency_ms``, ``speedup``, ``ideal_speedup``...).
+``results.json`` is ``{"rows": [...]}``.
+
+Two generations of rows are read:
+
+* old rows carry ``estimated_cost`` (soft rows: the estimate C(b); hard rows: kept-head fraction);
+* new rows add ``val_accuracy`` (validation split, or null), ``cost`` with ``cost_kind``
+  (``"soft-estimate"``, ``"kept-heads"`` or ``"dense"``), ``steps`` (optimizer steps from
+  initialisation) and reference speedups such as ``hf_speedup``.
+
+A missing field is an empty cell, never an error.
 """
 
 from __future__ import annotations
@@ -17,8 +26,49 @@ from typing import Any
 
 from budgeted_attention.io import write_json_atomic, write_text_atomic
 
-METHOD_ORDER = ["dense", "budgeted", "budgeted-hard", "budgeted-scratch", "static", "posthoc", "posthoc-recovered"]
-_MEAN_FIELDS = ["accuracy", "estimated_cost", "accuracy_before_adaptation", "heads_kept", "latency_ms", "speedup", "ideal_speedup"]
+METHOD_ORDER = [
+    "dense", "dense-long",
+    "budgeted", "budgeted-hard", "budgeted-scratch",
+    "static", "static-hard",
+    "posthoc", "posthoc-recovered", "posthoc-recovered-1ep",
+]
+_MEAN_FIELDS = [
+    "accuracy", "val_accuracy", "cost", "estimated_cost", "steps", "accuracy_before_adaptation", "heads_kept",
+    "latency_ms", "speedup", "ideal_speedup", "hf_speedup", "plain_speedup",
+]
+COST_KINDS = ("soft-estimate", "kept-heads", "dense")
+SOFT_MARK = "~"
+COST_LEGEND = (
+    f"Cost: fraction of the dense model's attention FLOPs. `{SOFT_MARK}` marks a soft-gate estimate C(b) "
+    "(expected cost of the soft gates, no head removed); unmarked: kept-head fraction of the hard-masked / "
+    "pruned model, or 1 for dense."
+)
+
+
+# Old rows have no ``cost_kind``; what their ``estimated_cost`` meant followed from the method.
+_LEGACY_COST_KIND = {
+    "dense": "dense",
+    "budgeted": "soft-estimate", "budgeted-scratch": "soft-estimate", "static": "soft-estimate",
+    "budgeted-hard": "kept-heads", "posthoc": "kept-heads", "posthoc-recovered": "kept-heads",
+}
+
+
+def row_cost_kind(row: dict[str, Any]) -> str | None:
+    """``cost_kind`` of the row; for old rows (``estimated_cost`` only) inferred from the method."""
+    if row.get("cost_kind"):
+        return str(row["cost_kind"])
+    if row.get("cost") is None and row.get("estimated_cost") is not None:
+        return _LEGACY_COST_KIND.get(str(row.get("method")))
+    return None
+
+
+def row_cost(row: dict[str, Any]) -> float | None:
+    """The row's attention cost: ``cost`` (new rows) or ``estimated_cost`` (old rows); None if neither."""
+    for field in ("cost", "estimated_cost"):
+        value = row.get(field)
+        if value is not None and not _is_nan(value):
+            return float(value)
+    return None
 
 
 def _method_key(method: str) -> tuple[int, str]:
@@ -40,15 +90,22 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (method, budget), members in sorted(groups.items(), key=lambda kv: (_method_key(kv[0][0]), kv[0][1])):
         entry: dict[str, Any] = {"method": method, "budget": budget, "seeds": len(members)}
         for field in _MEAN_FIELDS:
-            values = [float(m[field]) for m in members if m.get(field) is not None and not _is_nan(m.get(field))]
+            values = [float(m[field]) for m in members if _is_number(m.get(field))]
             if values:
                 entry[f"{field}_mean"], entry[f"{field}_std"] = _mean_std(values)
+        kinds = sorted({k for k in (row_cost_kind(m) for m in members) if k})
+        if kinds:
+            entry["cost_kind"] = kinds[0] if len(kinds) == 1 else "mixed"
         summary.append(entry)
     return summary
 
 
 def _is_nan(value: Any) -> bool:
     return isinstance(value, float) and math.isnan(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not _is_nan(value)
 
 
 def _fmt_pct(entry: dict[str, Any], field: str) -> str:
@@ -63,22 +120,44 @@ def _fmt(entry: dict[str, Any], field: str, digits: int = 3, suffix: str = "") -
     return f"{entry[f'{field}_mean']:.{digits}f}{suffix}"
 
 
+def _fmt_cost(entry: dict[str, Any]) -> str:
+    field = "cost" if "cost_mean" in entry else "estimated_cost"
+    text = _fmt(entry, field)
+    if text and entry.get("cost_kind") in ("soft-estimate", "mixed"):
+        text = SOFT_MARK + text
+    return text
+
+
+def _fmt_steps(entry: dict[str, Any]) -> str:
+    if "steps_mean" not in entry:
+        return ""
+    return f"{entry['steps_mean']:,.0f}"
+
+
 def markdown_table(summary: list[dict[str, Any]]) -> str:
-    """The paper-style table: one line per (method, budget), mean ± std over seeds."""
+    """The paper-style table: one line per (method, budget), mean ± std over seeds.
+
+    Columns ``vs HF`` / ``vs plain`` (reference speedups) appear only when some row has them; a
+    legend line follows the table when some cost is a soft estimate.
+    """
+    extra = [(f, label) for f, label in (("hf_speedup", "vs HF"), ("plain_speedup", "vs plain")) if any(f"{f}_mean" in e for e in summary)]
     header = (
-        "| method | budget | seeds | accuracy % | est. cost C(b) | heads kept | "
-        "acc. before adapt. % | speedup | FLOP-ideal |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| method | budget | seeds | steps | val. acc. % | test acc. % | cost | heads kept | "
+        "acc. before adapt. % | speedup | FLOP-ideal |" + "".join(f" {label} |" for _, label in extra) + "\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(extra) + "\n"
     )
     lines = []
     for e in summary:
         lines.append(
-            f"| {e['method']} | {e['budget']:.2f} | {e['seeds']} | {_fmt_pct(e, 'accuracy')} | "
-            f"{_fmt(e, 'estimated_cost')} | {_fmt(e, 'heads_kept', 1)} | "
+            f"| {e['method']} | {e['budget']:.2f} | {e['seeds']} | {_fmt_steps(e)} | {_fmt_pct(e, 'val_accuracy')} | "
+            f"{_fmt_pct(e, 'accuracy')} | {_fmt_cost(e)} | {_fmt(e, 'heads_kept', 1)} | "
             f"{_fmt_pct(e, 'accuracy_before_adaptation')} | {_fmt(e, 'speedup', 2, 'x')} | "
-            f"{_fmt(e, 'ideal_speedup', 2, 'x')} |"
+            f"{_fmt(e, 'ideal_speedup', 2, 'x')} |" + "".join(f" {_fmt(e, f, 2, 'x')} |" for f, _ in extra)
         )
-    return header + "\n".join(lines) + "\n"
+    table = header + "\n".join(lines) + "\n"
+    if any(e.get("cost_kind") in ("soft-estimate", "mixed") for e in summary):
+        table += "\n" + COST_LEGEND + "\n"
+    return table
 
 
 def rows_to_csv(rows: list[dict[str, Any]]) -> str:

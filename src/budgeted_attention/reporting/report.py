@@ -1,0 +1,356 @@
+"""``baa report RUN_DIR ... --out docs/results.md``: a results document written from run directories.
+
+Nothing in the output is typed by hand: every section is rebuilt from what a run directory
+records (``config.yaml``, ``run_info.json``, ``results.json``, ``bench*.json``, ``units/``,
+``*.png``), so regenerating the document after a rerun can never leave a stale figure behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from budgeted_attention.errors import BAAError
+from budgeted_attention.io import atomic_path, write_text_atomic
+from budgeted_attention.reporting.results import aggregate, markdown_table
+from budgeted_attention.reporting.summary import headline, headline_markdown
+
+
+class ReportError(BAAError):
+    """A run directory cannot be reported (missing, without results, malformed files)."""
+
+
+# ------------------------------------------------------------------ reading a run directory
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"malformed JSON in '{path}': {exc.msg} (line {exc.lineno})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"cannot read '{path}': {exc}") from None
+
+
+def _read_config(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"malformed YAML in '{path}': {str(exc).splitlines()[0]}") from None
+    return config if isinstance(config, dict) else {}
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Everything the report needs from one run directory; errors name the offending path."""
+    path = Path(run_dir)
+    if not path.exists():
+        raise ReportError(f"run directory not found: '{path}'")
+    if not path.is_dir():
+        raise ReportError(f"not a run directory: '{path}'")
+    results_path = path / "results.json"
+    if not results_path.is_file():
+        raise ReportError(f"no results.json in run directory '{path}' (run it to completion first)")
+    results = _read_json(results_path)
+    if not isinstance(results, dict) or not isinstance(results.get("rows"), list):
+        raise ReportError(f"malformed results in '{results_path}': expected {{\"rows\": [...]}}")
+    rows = results["rows"]
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict) or "method" not in row or "budget" not in row:
+            raise ReportError(f"malformed results in '{results_path}': row {index} lacks 'method' or 'budget'")
+    info_path = path / "run_info.json"
+    info = _read_json(info_path) if info_path.is_file() else {}
+    if not isinstance(info, dict):
+        raise ReportError(f"malformed run info in '{info_path}': expected a JSON object")
+    config = _read_config(path)
+    benches = []
+    for bench_path in sorted(path.glob("bench*.json")):
+        bench = _read_json(bench_path)
+        if not isinstance(bench, dict) or not isinstance(bench.get("rows"), list):
+            raise ReportError(f"malformed benchmark in '{bench_path}': expected {{\"rows\": [...], ...}}")
+        benches.append((bench_path, bench))
+    name = config.get("name") if isinstance(config.get("name"), str) and config.get("name") else path.resolve().name
+    return {
+        "path": path,
+        "name": name,
+        "config": config,
+        "info": info,
+        "results": results,
+        "rows": rows,
+        "benches": benches,
+        "figures": sorted(path.glob("*.png")),
+        "wall_time": _wall_time(path, results),
+    }
+
+
+def _wall_time(run_dir: Path, results: dict[str, Any]) -> str | None:
+    """A sentence on how long the run took, from what the run recorded (None if nothing)."""
+    for key in ("wall_time_s", "wall_seconds", "seconds"):
+        value = results.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return f"{value:,.0f} s"
+    seconds, count = 0.0, 0
+    for unit in sorted(run_dir.glob("units/*/*.json")):
+        try:
+            value = json.loads(unit.read_text(encoding="utf-8")).get("seconds")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds += value
+            count += 1
+    if count:
+        return f"{seconds:,.0f} s of compute over {count} finished unit(s) (sum of units/*/*.json)"
+    md = run_dir / "results.md"
+    if md.is_file():
+        try:
+            found = re.findall(r"Wall time[^:\n]*:\s*([0-9][0-9,.]*)\s*s", md.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            found = []
+        if found:
+            return f"{found[-1]} s (as recorded in results.md)"
+    return None
+
+
+# ------------------------------------------------------------------ formatting
+
+
+def render_command(command: Any) -> str:
+    """An invocation as a shell line; the console script (or ``python -m budgeted_attention.cli``) as ``baa``."""
+    if isinstance(command, str):
+        return command
+    if not isinstance(command, (list, tuple)) or not command:
+        return "(not recorded)"
+    argv = [str(part) for part in command]
+    program = Path(argv[0]).name
+    if program in ("baa", "cli.py", "__main__.py") or argv[0].endswith(os.path.join("budgeted_attention", "cli.py")):
+        program = "baa"
+    return shlex.join([program, *argv[1:]])
+
+
+def _environment_lines(info: dict[str, Any]) -> list[str]:
+    env = info.get("environment") if isinstance(info.get("environment"), dict) else {}
+    invocations = [i for i in info.get("invocations", []) if isinstance(i, dict)] if isinstance(info.get("invocations"), list) else []
+    lines = []
+    commit = env.get("commit")
+    if commit:
+        dirty = env.get("dirty")
+        flag = " (dirty: uncommitted changes)" if dirty else (" (clean)" if dirty is False else " (dirty flag not recorded)")
+        lines.append(f"- Code: commit `{commit}`{flag}")
+    else:
+        lines.append("- Code: commit not recorded")
+    started = [str(i["started"]) for i in invocations if i.get("started")]
+    if started:
+        lines.append(f"- Date: {started[0]}" + (f" (last resumed {started[-1]})" if len(started) > 1 else ""))
+    if env:
+        packages = env.get("packages") if isinstance(env.get("packages"), dict) else {}
+        parts = [
+            str(env.get("processor") or "unknown processor"),
+            f"{env['cpu_count']} CPUs" if env.get("cpu_count") else None,
+            f"Python {env['python']}" if env.get("python") else None,
+            f"torch {packages['torch']}" if packages.get("torch") else None,
+            f"transformers {packages['transformers']}" if packages.get("transformers") else None,
+            str(env["platform"]) if env.get("platform") else None,
+        ]
+        lines.append("- Machine: " + ", ".join(p for p in parts if p))
+    return lines
+
+
+def _commands(info: dict[str, Any]) -> list[str]:
+    invocations = info.get("invocations") if isinstance(info.get("invocations"), list) else []
+    out = ["", "Produced by:" if len(invocations) <= 1 else f"Produced by {len(invocations)} invocations (the run was resumed):", ""]
+    if not invocations:
+        return ["", "Produced by: command not recorded (no run_info.json invocations)."]
+    out.append("```")
+    for invocation in invocations:
+        command = invocation.get("command") if isinstance(invocation, dict) else None
+        out.append(render_command(command))
+    out.append("```")
+    return out
+
+
+def _num(row: dict[str, Any], key: str, fmt: str, suffix: str = "") -> str:
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return ""
+    return f"{value:{fmt}}{suffix}"
+
+
+_BENCH_COLUMNS = [
+    # (header, key, format, suffix, always shown)
+    ("budget", "budget", ".2f", "", True),
+    ("batch", "batch_size", "d", "", True),
+    ("seq", "seq_len", "d", "", True),
+    ("threads", "threads", "d", "", True),
+    ("dense ms", "dense_latency_ms", ".3f", "", True),
+    ("pruned ms", "latency_ms", ".3f", "", True),
+    ("speedup", "speedup", ".2f", "x", True),
+    ("FLOP-ideal", "ideal_speedup", ".2f", "x", True),
+    ("speedup / ideal", "efficiency", ".2f", "", True),
+    ("sliced speedup", "sliced_speedup", ".2f", "x", False),
+    ("vs plain", "plain_speedup", ".2f", "x", False),
+    ("vs HF", "hf_speedup", ".2f", "x", False),
+]
+
+
+def bench_table(result: dict[str, Any]) -> str:
+    """Markdown of a benchmark result (``bench.json``); tolerant of missing and extra fields."""
+    rows = [r for r in result.get("rows", []) if isinstance(r, dict)]
+    columns = [c for c in _BENCH_COLUMNS if c[4] or any(c[1] in r for r in rows)]
+    lines = []
+    setting = result.get("setting") if isinstance(result.get("setting"), dict) else {}
+    if setting.get("dense_reference"):
+        lines += [f"Dense reference: {setting['dense_reference']}.", ""]
+    header = [c[0] for c in columns[:4]] + ["heads kept"] + [c[0] for c in columns[4:]]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+    for r in rows:
+        heads = ""
+        if r.get("heads_kept") is not None:
+            heads = str(r["heads_kept"]) + (f" {r['heads_per_layer']}" if r.get("heads_per_layer") is not None else "")
+        cells = [_num(r, c[1], c[2], c[3]) for c in columns]
+        lines.append("| " + " | ".join(cells[:4] + [heads] + cells[4:]) + " |")
+    overhead = [o for o in result.get("gate_overhead", []) if isinstance(o, dict)]
+    if overhead:
+        lines += ["", "| batch | seq | plain dense ms | gated model at b=1 ms | overhead |", "|---:|---:|---:|---:|---:|"]
+        for o in overhead:
+            over = _num({"o": 100 * o["overhead"]} if isinstance(o.get("overhead"), (int, float)) else {}, "o", "+.1f", "%")
+            lines.append(
+                f"| {_num(o, 'batch_size', 'd')} | {_num(o, 'seq_len', 'd')} | {_num(o, 'plain_latency_ms', '.3f')} | "
+                f"{_num(o, 'gated_b1_latency_ms', '.3f')} | {over} |"
+            )
+    switch = result.get("switch")
+    if isinstance(switch, dict) and isinstance(switch.get("switch_ms"), (int, float)):
+        lines += ["", f"Budget switch (sliced layout): {1000 * switch['switch_ms']:.1f} µs median."]
+    timing = [str(setting[k]) for k in ("timer",) if setting.get(k)]
+    if setting.get("rounds") is not None:
+        timing.append(f"{setting['rounds']} round(s)")
+    if timing:
+        lines += ["", "Timing: " + ", ".join(timing) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def _relative_link(target: Path, out: Path | None) -> str:
+    base = (out.parent if out is not None else Path.cwd()).resolve()
+    return Path(os.path.relpath(target.resolve(), base)).as_posix()
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "run"
+
+
+def _copy_figure(source: Path, target: Path) -> None:
+    try:
+        with atomic_path(target) as tmp:
+            shutil.copyfile(source, tmp)
+    except OSError as exc:
+        raise ReportError(f"cannot copy figure '{source}' to '{target}': {exc.strerror or exc}") from None
+
+
+def _has_soft_budgeted(rows: list[dict[str, Any]]) -> bool:
+    return any(r.get("method") == "budgeted" and r.get("cost_kind", "soft-estimate") == "soft-estimate" for r in rows)
+
+
+def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | None) -> str:
+    """The Markdown section of one loaded run (see :func:`load_run`); copies its figures."""
+    lines = [f"## {run['name']}"]
+    lines += _commands(run["info"])
+    lines += [""] + _environment_lines(run["info"])
+    if run["wall_time"]:
+        lines.append(f"- Wall time: {run['wall_time']}")
+    lines.append(f"- Run directory: `{run['path']}`")
+    seeds = sorted({r.get('seed') for r in run["rows"] if r.get("seed") is not None}, key=str)
+    lines += ["", "### Results", "", f"{len(run['rows'])} rows, seeds {', '.join(map(str, seeds)) or 'none'}; mean ± std over seeds. "
+              "Accuracies in %; `test acc.` on the held-out test split, `val. acc.` on the validation split.", ""]
+    lines.append(markdown_table(aggregate(run["rows"])).rstrip("\n"))
+    if _has_soft_budgeted(run["rows"]):
+        lines += ["", "### Headline (soft `budgeted` gates, operating points chosen on validation)", ""]
+        lines.append(headline_markdown(headline(run["rows"])).rstrip("\n"))
+    for bench_path, bench in run["benches"]:
+        lines += ["", f"### Speed (`{bench_path.name}`)", ""]
+        if bench.get("checkpoint"):
+            lines += [f"Checkpoint: `{bench['checkpoint']}`", ""]
+        lines.append(bench_table(bench).rstrip("\n"))
+    if run["figures"]:
+        lines += ["", "### Figures", ""]
+        for figure in run["figures"]:
+            if figures_dir is None:
+                target = figure
+            else:
+                target = figures_dir / f"{_safe_name(run['name'])}_{figure.name}"
+                _copy_figure(figure, target)
+            lines += [f"![{run['name']}: {figure.stem.replace('_', ' ')}]({_relative_link(target, out)})", ""]
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+def build_report(
+    run_dirs: list[Path],
+    *,
+    figures_dir: Path | None,
+    title: str = "Results",
+    out: Path | None = None,
+    command: list[str] | str | None = None,
+) -> str:
+    """The whole Markdown document for ``run_dirs`` (one section each, in the given order).
+
+    ``figures_dir``: where each run's ``*.png`` are copied as ``<name>_<file>.png`` (None: link
+    the run directory's files in place). ``out``: the file the text will be written to, for
+    relative figure links (None: relative to the working directory). ``command``: the command
+    named in the header (default ``sys.argv``). Every run directory is read before anything is
+    copied, so a bad one fails the whole report without side effects.
+    """
+    if not run_dirs:
+        raise ReportError("no run directory given")
+    runs = [load_run(p) for p in run_dirs]
+    seen: dict[str, Path] = {}
+    for run in runs:
+        if run["name"] in seen and figures_dir is not None and run["figures"]:
+            raise ReportError(f"two run directories named '{run['name']}' ('{seen[run['name']]}' and '{run['path']}'): their figures would overwrite each other")
+        seen[run["name"]] = run["path"]
+    header = [
+        f"# {title}",
+        "",
+        f"Generated by `{render_command(sys.argv if command is None else command)}` on {time.strftime('%Y-%m-%d %H:%M:%S %z')}.",
+        "",
+        "Every table and figure below is written from the run directories by this command; do not edit by hand, "
+        "rerun it instead. Run directories hold the resolved config, seeds, package versions, the commands that "
+        "produced them and the raw rows (results.json).",
+        "",
+        "Contents: " + ", ".join(f"[{r['name']}](#{_anchor(r['name'])})" for r in runs) + ".",
+    ]
+    sections = [run_section(run, figures_dir=figures_dir, out=out) for run in runs]
+    return "\n".join(header) + "\n\n" + "\n".join(sections)
+
+
+def _anchor(heading: str) -> str:
+    """GitHub-style anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def write_report(
+    run_dirs: list[Path],
+    out: Path,
+    figures_dir: Path | None = None,
+    title: str = "Results",
+    command: list[str] | str | None = None,
+) -> Path:
+    """Build the report and write it atomically to ``out``; figures go to ``figures_dir``
+    (default ``<out dir>/figures``). Returns ``out``."""
+    out = Path(out)
+    figures = Path(figures_dir) if figures_dir is not None else out.parent / "figures"
+    text = build_report([Path(p) for p in run_dirs], figures_dir=figures, title=title, out=out, command=command)
+    try:
+        write_text_atomic(out, text)
+    except OSError as exc:
+        raise ReportError(f"cannot write '{out}': {exc.strerror or exc}") from None
+    return out
