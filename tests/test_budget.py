@@ -28,3 +28,23 @@ def test_parse_budgets():
 
 def test_default_sweep():
     assert default_budget_sweep() == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+
+
+def test_numpy_scalars_are_numbers_but_bools_are_not():
+    import numpy as np
+
+    assert validate_budget(np.float32(0.5)) == 0.5 and validate_budget(np.int64(1)) == 1.0
+    with pytest.raises(ValueError):
+        validate_budget(np.float64("nan"))
+
+
+def test_check_budgets_names_the_key():
+    from budgeted_attention.config import check_budgets
+    from budgeted_attention.errors import ConfigError
+
+    assert check_budgets([1, 0.5], "budgets") == [1.0, 0.5]
+    with pytest.raises(ConfigError, match=r"static_budgets\[1\].*nan"):
+        check_budgets([0.5, math.nan], "static_budgets")
+    with pytest.raises(ConfigError, match="at least one"):
+        check_budgets([], "budgets")
+    assert check_budgets([], "bench.budgets", allow_empty=True) == []

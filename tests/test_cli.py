@@ -78,3 +78,140 @@ def test_demo_quick_end_to_end_then_bench(tmp_path, capsys):
         assert row["threads"] == 1 and row["latency_ms"] > 0
     assert result["switch"]["switch_ms"] > 0
     assert bench_json.with_suffix(".png").is_file()
+
+
+# --------------------------------------------------------------------------- one-line errors
+
+
+def _one_error_line(code, err):
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("baa: error:") and "Traceback" not in err, err
+    return lines[0]
+
+
+def _fake_run(tmp_path):
+    """A run directory with a tiny budgeted-hard checkpoint (no training)."""
+    import torch
+
+    from budgeted_attention.checkpoint import save_model
+    from budgeted_attention.model.config import ModelConfig
+    from budgeted_attention.model.transformer import EncoderClassifier
+    from budgeted_attention.pruning.selection import HeadRanking
+
+    torch.manual_seed(0)
+    model = EncoderClassifier(ModelConfig(vocab_size=20, n_classes=2, max_len=8, d_model=16, n_layers=2, n_heads=2, d_ff=16))
+    ranking = HeadRanking.from_scores(torch.arange(4.0).view(2, 2))
+    run = tmp_path / "run"
+    save_model(model, run / "checkpoints" / "seed0" / "budgeted-hard", method="budgeted-hard", seed=0, ranking=ranking.to_dict())
+    return run
+
+
+_FAST = ["--budgets", "0.5", "--batch-sizes", "1", "--seq-lens", "8", "--rounds", "1", "--min-run-time", "0.001", "--no-progress"]
+
+
+def test_output_below_a_regular_file_is_one_line(tmp_path, capsys):
+    run = _fake_run(tmp_path)
+    blocker = tmp_path / "plain.txt"
+    blocker.write_text("not a directory\n")
+    target = blocker / "below" / "x.json"
+    code, _, err = _run(["bench", str(run), "--json", str(target), *_FAST], capsys)
+    line = _one_error_line(code, err)
+    assert str(blocker) in line
+
+
+def test_demo_out_below_a_regular_file_fails_before_training(tmp_path, capsys):
+    blocker = tmp_path / "plain.txt"
+    blocker.write_text("x")
+    code, _, err = _run(["demo", "--quick", "--no-progress", "--out", str(blocker / "run")], capsys)
+    assert str(blocker) in _one_error_line(code, err)
+
+
+def test_json_onto_a_directory_is_one_line(tmp_path, capsys):
+    run = _fake_run(tmp_path)
+    target = tmp_path / "a_directory.json"
+    target.mkdir()
+    code, _, err = _run(["bench", str(run), "--json", str(target), *_FAST], capsys)
+    assert "a_directory.json" in _one_error_line(code, err)
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        ('{"format": "budgeted_attention.encoder/1", "ranking": {"n_layers": 2}}', "malformed head ranking"),
+        ('{"format": "budgeted_attention.encoder/1", "ranking": {"order": 5, "n_layers": 2, "n_heads": 2, "min_one_per_layer": true}}',
+         "malformed head ranking"),
+    ],
+)
+def test_malformed_checkpoint_is_one_line(tmp_path, capsys, content, fragment):
+    run = _fake_run(tmp_path)
+    (run / "checkpoints" / "seed0" / "budgeted-hard.json").write_text(content)
+    code, _, err = _run(["bench", str(run), *_FAST], capsys)
+    line = _one_error_line(code, err)
+    assert fragment in line and "budgeted-hard.json" in line
+
+
+def test_corrupted_weights_are_one_line(tmp_path, capsys):
+    run = _fake_run(tmp_path)
+    weights = run / "checkpoints" / "seed0" / "budgeted-hard.safetensors"
+    weights.write_bytes(weights.read_bytes()[:50])
+    code, _, err = _run(["bench", str(run), *_FAST], capsys)
+    assert "budgeted-hard.safetensors" in _one_error_line(code, err)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "fast"])
+def test_min_run_time_is_checked_at_parse_time(value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "x", f"--min-run-time={value}"])
+    assert exit_.value.code == 2
+    line = _one_error_line(2, capsys.readouterr().err)
+    assert "--min-run-time" in line and repr(value) in line
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [("bench.batch_sizes=[]", "bench.batch_sizes"), ("bench.threads=0", "bench.threads"),
+     ("bench.budgets=[.nan]", "nan"), ("train.grad_clip=.inf", "train.grad_clip")],
+)
+def test_bad_overrides_fail_before_any_work(override, fragment, tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = _run(["demo", "--quick", "--no-progress", "--out", str(out), "--set", override], capsys)
+    assert fragment in _one_error_line(code, err)
+    assert not out.exists()
+
+
+def test_permission_error_is_one_line(tmp_path, capsys, monkeypatch):
+    import budgeted_attention.recipes.demo as demo
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "locked"))
+
+    monkeypatch.setattr(demo, "run_demo", denied)
+    code, _, err = _run(["demo", "--quick", "--no-progress", "--out", str(tmp_path / "locked")], capsys)
+    assert _one_error_line(code, err) == f"baa: error: Permission denied: '{tmp_path / 'locked'}'"
+
+
+def test_disk_full_is_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import budgeted_attention.recipes.demo as demo
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(demo, "run_demo", full)
+    code, _, err = _run(["demo", "--quick", "--no-progress"], capsys)
+    assert "No space left on device" in _one_error_line(code, err)
+
+
+def test_keyboard_interrupt_is_130(capsys, monkeypatch):
+    import budgeted_attention.recipes.demo as demo
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "run_demo", interrupted)
+    code, _, err = _run(["demo", "--quick", "--no-progress"], capsys)
+    assert code == 130 and err.strip() == "baa: interrupted"

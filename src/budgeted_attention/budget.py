@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 
 
 def validate_budget(budget: object) -> float:
     """Return ``budget`` as a float if it is a finite number in (0, 1].
 
+    Accepts Python and NumPy ints and floats and one-element tensors; never a bool.
+
     Raises:
         ValueError: naming the bad value, for non-numbers, NaN, infinities and values outside (0, 1].
     """
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
         try:
             import torch
 

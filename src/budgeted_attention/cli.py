@@ -1,18 +1,21 @@
 """The ``baa`` command line.
 
-Every user error (bad budget, file, config, data) prints one line ``baa: error: ...`` on stderr
-and exits with code 2, without a traceback.
+Every user error (bad budget, file, config, data; an unreadable or unwritable path, e.g. ``--out``
+below a regular file, permission denied, disk full; a malformed checkpoint) prints one line
+``baa: error: ...`` on stderr and exits with code 2, without a traceback. Ctrl-C exits with 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import warnings
 from typing import NoReturn
 
 from budgeted_attention import __version__
-from budgeted_attention.errors import BAAError
+from budgeted_attention.errors import BAAError, CheckpointError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,6 +54,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite positive number, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="baa", description="Budgeted attention: one checkpoint, many cost/accuracy operating points.")
     parser.add_argument("--version", action="version", version=f"baa {__version__}")
@@ -77,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seq-lens", type=_csv_ints, default=[128], help="comma-separated sequence lengths (default 128)")
     bench.add_argument("--threads", type=_positive_int, default=1, help="torch threads while timing (default 1)")
     bench.add_argument("--rounds", type=_positive_int, default=7, help="interleaved timing rounds (default 7)")
-    bench.add_argument("--min-run-time", type=float, default=0.3, help="seconds per timing block (default 0.3)")
+    bench.add_argument("--min-run-time", type=_positive_float, default=0.3, help="seconds per timing block (default 0.3)")
     bench.add_argument("--json", help="write the JSON result here (default RUN_DIR/bench.json)")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -107,8 +120,7 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from budgeted_attention.recipes.bench import run_bench
 
-    if not args.min_run_time > 0:
-        raise BAAError(f"--min-run-time must be positive, got {args.min_run_time!r}")
+    _check_hard_checkpoint(args.run_dir, args.seed)
     run_bench(
         args.run_dir,
         seed=args.seed,
@@ -141,9 +153,57 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_hard_checkpoint(run_dir: str, seed: int | None) -> None:
+    """Fail early, with a :class:`CheckpointError`, on a checkpoint description that cannot be used
+    (not JSON, not a mapping, no or malformed head ranking), before any model is built."""
+    import json  # noqa: PLC0415
+
+    from budgeted_attention.pruning.selection import HeadRanking  # noqa: PLC0415
+    from budgeted_attention.recipes.bench import find_hard_checkpoint  # noqa: PLC0415
+
+    checkpoint = find_hard_checkpoint(run_dir, seed)
+    try:
+        description = json.loads(checkpoint.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"checkpoint description '{checkpoint}' is not valid JSON: {exc}") from None
+    if not isinstance(description, dict):
+        raise CheckpointError(f"checkpoint description '{checkpoint}' must hold a JSON object")
+    if "ranking" not in description:
+        raise CheckpointError(f"'{checkpoint}' has no head ranking (not a budgeted-hard checkpoint)")
+    try:
+        HeadRanking.from_dict(description["ranking"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise CheckpointError(f"'{checkpoint}' has a malformed head ranking ({type(exc).__name__}: {exc})") from None
+
+
+def _os_error_message(exc: OSError) -> str:
+    """One line naming the path(s): ``Not a directory: 'runs/file/x'``."""
+    reason = exc.strerror or (os.strerror(exc.errno) if exc.errno else "") or str(exc) or type(exc).__name__
+    paths = [p for p in (exc.filename, exc.filename2) if p is not None]
+    if not paths:
+        return reason
+    return f"{reason}: " + " -> ".join(f"'{os.fsdecode(p)}'" for p in paths)
+
+
+def _malformed_checkpoint_errors() -> tuple[type[BaseException], ...]:
+    """Errors of the file formats a checkpoint is read with (raised on malformed files)."""
+    found: list[type[BaseException]] = []
+    try:
+        from safetensors import SafetensorError  # noqa: PLC0415
+
+        found.append(SafetensorError)
+    except ImportError:  # pragma: no cover - safetensors is a hard dependency
+        pass
+    return tuple(found)
+
+
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Library warnings (e.g. skipped malformed rows) as one line on stderr."""
     print(f"baa: warning: {message}", file=sys.stderr if file is None else file)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,8 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"demo": _cmd_demo, "experiment": _cmd_experiment, "bench": _cmd_bench, "report": _cmd_report}
     try:
         return handlers[args.command](args)
-    except (BAAError, ValueError, FileNotFoundError) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except OSError as exc:  # permission denied, --out below a regular file, disk full, ...
+        print(f"baa: error: {_first_line(_os_error_message(exc))}", file=sys.stderr)
+        return 2
+    except (BAAError, ValueError, *_malformed_checkpoint_errors()) as exc:
+        message = _first_line(str(exc)) or type(exc).__name__
         print(f"baa: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

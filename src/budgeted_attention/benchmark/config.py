@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from budgeted_attention.config import check_bool, check_budgets, check_float, check_int, check_int_list
+
 
 @dataclass
 class BenchConfig:
@@ -17,6 +19,10 @@ class BenchConfig:
         rounds: interleaved timing rounds (median of round medians).
         min_run_time: seconds per ``blocked_autorange`` call.
         include_sliced: also time the sliced layout (instant switching) at each budget.
+
+    Every value is checked on construction (``ConfigError`` naming ``bench.<key>``): budgets
+    finite in (0, 1]; batch sizes at least one, all >= 1; sequence lengths >= 1; threads and
+    rounds >= 1; min_run_time finite > 0.
     """
 
     budgets: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
@@ -26,3 +32,12 @@ class BenchConfig:
     rounds: int = 5
     min_run_time: float = 0.2
     include_sliced: bool = True
+
+    def __post_init__(self) -> None:
+        self.budgets = check_budgets(self.budgets, "bench.budgets", allow_empty=True)
+        self.batch_sizes = check_int_list(self.batch_sizes, "bench.batch_sizes", ge=1)
+        self.seq_lens = check_int_list(self.seq_lens, "bench.seq_lens", ge=1, allow_empty=True)
+        self.threads = check_int(self.threads, "bench.threads", ge=1)
+        self.rounds = check_int(self.rounds, "bench.rounds", ge=1)
+        self.min_run_time = check_float(self.min_run_time, "bench.min_run_time", gt=0.0)
+        check_bool(self.include_sliced, "bench.include_sliced")

@@ -66,11 +66,30 @@ class DataSourceConfig:
     use_hub: bool = True
 
     def __post_init__(self) -> None:
+        """Check every value, naming ``data.<key>`` (``ConfigError``); files are looked up at load time."""
+        from budgeted_attention.config import check_bool, check_str  # noqa: PLC0415 - avoids an import cycle
+        from budgeted_attention.errors import ConfigError  # noqa: PLC0415
+
         known = ("bbc-news", "bbc-short", "ag_news", "dbpedia_14", "csv", "synthetic")
         if self.source not in known:
-            from budgeted_attention.errors import ConfigError
-
             raise ConfigError(f"data.source must be one of {', '.join(known)}; got {self.source!r}")
+        check_str(self.train_file, "data.train_file")
+        check_str(self.test_file, "data.test_file")
+        check_str(self.label_column, "data.label_column", allow_empty=False)
+        check_bool(self.use_hub, "data.use_hub")
+        if not isinstance(self.text_columns, (list, tuple)) or not all(
+            isinstance(c, str) and c.strip() for c in self.text_columns
+        ):
+            raise ConfigError(f"data.text_columns must be a list of column names, got {self.text_columns!r}")
+        if not isinstance(self.delimiter, str) or len(self.delimiter) != 1 or self.delimiter in "\r\n\"":
+            raise ConfigError(f"data.delimiter must be one character (not a quote or newline), got {self.delimiter!r}")
+        if self.test_file and not self.train_file and self.source in ("ag_news", "dbpedia_14", "csv"):
+            raise ConfigError(f"data.test_file is set but data.train_file is not (data.source {self.source!r})")
+        if self.source == "csv":
+            if not self.train_file:
+                raise ConfigError("data.source 'csv' needs data.train_file (a CSV file with a header)")
+            if not self.text_columns:
+                raise ConfigError("data.source 'csv' needs data.text_columns (the column(s) holding the text)")
 
 
 # --------------------------------------------------------------------------- BBC News

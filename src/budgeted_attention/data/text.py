@@ -38,13 +38,23 @@ class TextDataConfig(DataSourceConfig):
     max_vocab: int = 20000
 
     def __post_init__(self) -> None:
+        """Check every value, naming ``data.<key>`` (``ConfigError``)."""
+        from budgeted_attention.config import check_float, check_int  # noqa: PLC0415
+
         super().__post_init__()
-        if not 0.0 < self.val_fraction < 1.0 or not 0.0 <= self.test_fraction < 1.0 or self.val_fraction + self.test_fraction >= 1.0:
+        check_int(self.split_seed, "data.split_seed")
+        self.val_fraction = check_float(self.val_fraction, "data.val_fraction", gt=0.0, lt=1.0)
+        self.test_fraction = check_float(self.test_fraction, "data.test_fraction", ge=0.0, lt=1.0)
+        if self.val_fraction + self.test_fraction >= 1.0:
             raise ConfigError(
                 f"data.val_fraction ({self.val_fraction}) and data.test_fraction ({self.test_fraction}) must be in (0, 1) with sum < 1"
             )
-        if self.max_len < 2:
-            raise ConfigError(f"data.max_len must be >= 2, got {self.max_len}")
+        check_int(self.n_per_class, "data.n_per_class", ge=0)
+        check_int(self.n_test_per_class, "data.n_test_per_class", ge=0)
+        check_int(self.max_len, "data.max_len", ge=2)
+        check_int(self.min_frequency, "data.min_frequency", ge=0)
+        # The vocabulary holds the 3 special tokens ([PAD], [UNK], [CLS]) plus at least one word.
+        check_int(self.max_vocab, "data.max_vocab", ge=4)
 
 
 def _by_class(examples: list[Example]) -> dict[int, list[Example]]:

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from budgeted_attention.config import check_float, check_int
 from budgeted_attention.errors import ConfigError
 
 
@@ -45,9 +46,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_classes", "max_len", "d_model", "n_layers", "n_heads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
+            check_int(getattr(self, name), f"model.{name}", ge=1)
+        check_int(self.head_dim, "model.head_dim", ge=0)
+        check_int(self.d_ff, "model.d_ff", ge=0)
+        check_int(self.pad_id, "model.pad_id", ge=0, le=self.vocab_size - 1)
         if self.head_dim == 0:
             if self.d_model % self.n_heads:
                 raise ConfigError(
@@ -55,16 +57,15 @@ class ModelConfig:
                     f"({self.n_heads}) unless model.head_dim is set"
                 )
             self.head_dim = self.d_model // self.n_heads
-        if self.head_dim < 0 or self.d_ff < 0:
-            raise ConfigError(f"model.head_dim and model.d_ff must be >= 0, got {self.head_dim}, {self.d_ff}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
+        self.dropout = check_float(self.dropout, "model.dropout", ge=0.0, lt=1.0)
         if self.pooling not in ("cls", "mean"):
             raise ConfigError(f"model.pooling must be 'cls' or 'mean', got {self.pooling!r}")
         if not self.heads_per_layer:
             self.heads_per_layer = [self.n_heads] * self.n_layers
-        if len(self.heads_per_layer) != self.n_layers or any(
-            not isinstance(h, int) or not 0 <= h <= self.n_heads for h in self.heads_per_layer
+        if (
+            not isinstance(self.heads_per_layer, (list, tuple))
+            or len(self.heads_per_layer) != self.n_layers
+            or any(isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= self.n_heads for h in self.heads_per_layer)
         ):
             raise ConfigError(
                 f"model.heads_per_layer must list {self.n_layers} counts in [0, {self.n_heads}], "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from budgeted_attention.config import check_float, check_int
 from budgeted_attention.errors import ConfigError
 
 
@@ -15,6 +16,11 @@ class TrainConfig:
     Budgeted loss: CE + overshoot_weight * relu(C(b) - b + overshoot_margin)
                    + gate_mass_weight * C(b)
                    + polarization_weight * mean(g (1 - g)) + distill_weight * KL(teacher || student).
+
+    Valid values (checked on construction, ``ConfigError`` naming ``train.<key>``): batch sizes
+    >= 1; step counts >= 0; learning rates and ``distill_temperature`` finite > 0; ``weight_decay``,
+    ``grad_clip`` (0 = no clipping) and the loss weights finite >= 0; ``warmup_frac`` in [0, 1);
+    ``overshoot_margin`` finite; 0 < ``budget_min`` <= ``budget_max`` <= 1.
     """
 
     batch_size: int = 64
@@ -40,16 +46,22 @@ class TrainConfig:
     distill_temperature: float = 2.0
 
     def __post_init__(self) -> None:
+        """Check every value (types too: NaN, infinities and bools are refused), naming ``train.<key>``."""
         for name in ("batch_size", "eval_batch_size"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)!r}")
+            check_int(getattr(self, name), f"train.{name}", ge=1)
         for name in ("dense_steps", "budgeted_steps", "scratch_steps", "hard_steps", "recovery_steps"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("lr", "gate_lr", "hard_lr"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)!r}")
-        if not 0.0 < self.budget_min <= self.budget_max <= 1.0:
+            check_int(getattr(self, name), f"train.{name}", ge=0)
+        for name in ("lr", "gate_lr", "hard_lr", "distill_temperature"):
+            setattr(self, name, check_float(getattr(self, name), f"train.{name}", gt=0.0))
+        for name in (
+            "weight_decay", "grad_clip", "overshoot_weight", "gate_mass_weight", "polarization_weight", "distill_weight",
+        ):
+            setattr(self, name, check_float(getattr(self, name), f"train.{name}", ge=0.0))
+        self.warmup_frac = check_float(self.warmup_frac, "train.warmup_frac", ge=0.0, lt=1.0)
+        self.overshoot_margin = check_float(self.overshoot_margin, "train.overshoot_margin")
+        self.budget_min = check_float(self.budget_min, "train.budget_min", gt=0.0, le=1.0)
+        self.budget_max = check_float(self.budget_max, "train.budget_max", gt=0.0, le=1.0)
+        if self.budget_min > self.budget_max:
             raise ConfigError(
                 f"train.budget_min/budget_max must satisfy 0 < min <= max <= 1, "
                 f"got {self.budget_min!r}, {self.budget_max!r}"

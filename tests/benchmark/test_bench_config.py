@@ -1,0 +1,57 @@
+"""BenchConfig validates every value on construction (unique basename: tests/ has no __init__.py)."""
+
+import math
+
+import pytest
+
+from budgeted_attention.benchmark.config import BenchConfig
+from budgeted_attention.config import from_dict, load_yaml
+from budgeted_attention.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    "key, value, fragment",
+    [
+        ("batch_sizes", [], "bench.batch_sizes"),
+        ("batch_sizes", [1, 0], "bench.batch_sizes[1]"),
+        ("batch_sizes", [True], "bench.batch_sizes[0]"),
+        ("seq_lens", [-8], "bench.seq_lens[0]"),
+        ("threads", 0, "bench.threads"),
+        ("rounds", 0, "bench.rounds"),
+        ("min_run_time", 0.0, "bench.min_run_time"),
+        ("min_run_time", math.nan, "bench.min_run_time"),
+        ("min_run_time", math.inf, "bench.min_run_time"),
+        ("budgets", [0.5, math.nan], "bench.budgets[1]"),
+        ("budgets", [0.0], "bench.budgets[0]"),
+        ("budgets", [1.5], "bench.budgets[0]"),
+        ("include_sliced", 1, "bench.include_sliced"),
+    ],
+)
+def test_bad_value_is_named(key, value, fragment):
+    with pytest.raises(ConfigError) as info:
+        BenchConfig(**{key: value})
+    assert fragment in str(info.value)
+
+
+def test_empty_seq_lens_and_budgets_mean_defaults():
+    cfg = BenchConfig(budgets=[], seq_lens=[])
+    assert cfg.budgets == [] and cfg.seq_lens == []
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [("batch_sizes: []", "bench.batch_sizes"), ("threads: 0", "bench.threads"),
+     ("budgets: [0.5, .nan]", "nan"), ("min_run_time: .inf", "bench.min_run_time")],
+)
+def test_bad_yaml_is_rejected(tmp_path, text, fragment):
+    path = tmp_path / "b.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=fragment.replace("[", r"\[")):
+        from_dict(BenchConfig, load_yaml(path), "bench")
+
+
+def test_yaml_exponent_float(tmp_path):
+    path = tmp_path / "b.yaml"
+    path.write_text("min_run_time: 5e-2\nbudgets: [2.5e-1, 5e-1]\n")
+    cfg = from_dict(BenchConfig, load_yaml(path), "bench")
+    assert cfg.min_run_time == 0.05 and cfg.budgets == [0.25, 0.5]
