@@ -14,7 +14,6 @@ import argparse
 import torch
 
 from budgeted_attention.benchmark.latency import measure_interleaved
-from budgeted_attention.benchmark.reference import PlainEncoder
 from budgeted_attention.checkpoint import load_model
 
 
@@ -26,7 +25,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     model, _ = load_model(args.checkpoint)
-    plain = PlainEncoder(model)
+    plain = model.plain_reference()
     print("| batch | seq | plain ms | gated b=1 ms | overhead | gated b=0.999 ms | overhead |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for batch in (int(b) for b in args.batch_sizes.split(",")):

@@ -57,22 +57,23 @@ def test_demo_quick_end_to_end_then_bench(tmp_path, capsys):
         assert (out / name).is_file(), name
     rows = json.loads((out / "results.json").read_text())["rows"]
     methods = {r["method"] for r in rows}
-    assert {"dense", "budgeted", "budgeted-scratch", "budgeted-hard"} <= methods
+    assert methods == {"dense", "budgeted", "budgeted-hard"}
     for row in rows:
-        assert {"method", "budget", "seed", "accuracy", "estimated_cost"} <= set(row)
+        assert {"method", "budget", "seed", "accuracy", "val_accuracy", "cost", "cost_kind", "steps"} <= set(row)
+    assert {r["budget"] for r in rows if r["method"] == "budgeted"} == {0.25, 0.5, 0.75, 0.99, 1.0}
     hard = [r for r in rows if r["method"] == "budgeted-hard" and r["budget"] == 0.5]
     assert hard and all({"heads_kept", "latency_ms", "speedup", "ideal_speedup"} <= set(r) for r in hard)
     assert (out / "checkpoints" / "seed0" / "budgeted-hard.safetensors").is_file()
 
     bench_json = tmp_path / "bench.json"
     code, stdout, _ = _run(
-        ["bench", str(out), "--budgets", "0.5", "--batch-sizes", "1,2", "--seq-lens", "8",
+        ["bench", str(out), "--budgets", "0.5", "--batch-sizes", "1,2", "--seq-lens", "8", "--lengths",
          "--rounds", "1", "--min-run-time", "0.01", "--json", str(bench_json), "--no-progress"],
         capsys,
     )
     assert code == 0
     result = json.loads(bench_json.read_text())
-    assert len(result["rows"]) == 2
+    assert len(result["rows"]) == 4 and {r["input"] for r in result["rows"]} == {"random", "lengths"}
     for row in result["rows"]:
         assert {"budget", "batch_size", "seq_len", "threads", "dense_latency_ms", "latency_ms", "speedup", "ideal_speedup"} <= set(row)
         assert row["threads"] == 1 and row["latency_ms"] > 0

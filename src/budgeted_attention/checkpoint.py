@@ -1,18 +1,20 @@
-"""Saving and loading models: safetensors weights plus a JSON description, no pickle.
+"""Saving and loading models of every family: safetensors weights plus a JSON description, no pickle.
 
 A checkpoint named ``NAME`` is two files:
 
 * ``NAME.safetensors``: the tensors;
-* ``NAME.json``: format tag, model config (with the heads kept per layer for pruned models),
-  optional head ranking / kept head indices, tensor shapes and the SHA-256 of the weights file.
+* ``NAME.json``: format tag, model family, the family's architecture description (including the
+  original head ids of pruned or sorted models), tensor shapes, the SHA-256 of the weights file,
+  and extra entries (method, seed, head ranking, training steps...).
 
-Loading checks the format tag, the hash (catches truncated or corrupted weights and a weights
-file that belongs to another checkpoint), the tensor names and shapes, and raises
+Loading checks the format tag, the family, the hash (catches truncated or corrupted weights and a
+weights file that belongs to another checkpoint), the tensor names and shapes, and raises
 :class:`CheckpointError` with the offending path and reason.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -21,12 +23,29 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from budgeted_attention.errors import CheckpointError, ConfigError
+from budgeted_attention.errors import BAAError, CheckpointError
 from budgeted_attention.io import atomic_path, sha256_file, write_json_atomic
-from budgeted_attention.model.config import ModelConfig
-from budgeted_attention.model.transformer import EncoderClassifier
+from budgeted_attention.model.family import GatedModel
 
-FORMAT = "budgeted_attention.encoder/1"
+FORMAT = "budgeted_attention/2"
+
+# family name -> "module:class"; imported lazily so optional dependencies stay optional.
+FAMILIES = {
+    "encoder": "budgeted_attention.model.transformer:EncoderClassifier",
+    "bert": "budgeted_attention.hf.bert:GatedBertClassifier",
+}
+
+
+def family_class(name: str) -> type[GatedModel]:
+    """The model class of family ``name``."""
+    if name not in FAMILIES:
+        raise CheckpointError(f"unknown model family {name!r} (known: {', '.join(sorted(FAMILIES))})")
+    module_name, class_name = FAMILIES[name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CheckpointError(f"model family {name!r} needs an optional dependency: {exc}") from exc
+    return getattr(module, class_name)
 
 
 def checkpoint_paths(path: str | Path) -> tuple[Path, Path]:
@@ -37,18 +56,21 @@ def checkpoint_paths(path: str | Path) -> tuple[Path, Path]:
     return base.with_name(base.name + ".safetensors"), base.with_name(base.name + ".json")
 
 
-def save_model(model: EncoderClassifier, path: str | Path, **extra: Any) -> Path:
+def save_model(model: GatedModel, path: str | Path, **extra: Any) -> Path:
     """Save ``model`` atomically as ``NAME.safetensors`` + ``NAME.json``; returns the JSON path.
 
-    ``extra`` entries (JSON-serialisable: ranking, kept heads, method, budget...) go into the JSON.
+    ``extra`` entries (JSON-serialisable: ranking, method, budget, steps...) go into the JSON.
     """
+    if not getattr(model, "family", ""):
+        raise TypeError(f"{type(model).__name__} does not implement the model family interface")
     weights_path, meta_path = checkpoint_paths(path)
     tensors = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
     with atomic_path(weights_path) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": FORMAT})
+        save_file(tensors, str(tmp), metadata={"format": FORMAT, "family": model.family})
     description = {
         "format": FORMAT,
-        "model_config": json.loads(model.config.to_json()),
+        "family": model.family,
+        "architecture": model.describe(),
         "weights_file": weights_path.name,
         "weights_sha256": sha256_file(weights_path),
         "tensors": {name: list(tensor.shape) for name, tensor in tensors.items()},
@@ -59,21 +81,24 @@ def save_model(model: EncoderClassifier, path: str | Path, **extra: Any) -> Path
 
 
 def read_description(path: str | Path) -> dict[str, Any]:
-    """The JSON description of a checkpoint, validated for format."""
+    """The JSON description of a checkpoint, validated for format and family."""
     _, meta_path = checkpoint_paths(path)
     if not meta_path.is_file():
         raise CheckpointError(f"checkpoint description not found: '{meta_path}'")
     try:
         description = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
         raise CheckpointError(f"checkpoint description '{meta_path}' is not valid JSON: {exc}") from exc
     if not isinstance(description, dict) or description.get("format") != FORMAT:
         found = description.get("format") if isinstance(description, dict) else None
         raise CheckpointError(f"'{meta_path}' is not a {FORMAT} checkpoint (format: {found!r})")
+    if not isinstance(description.get("architecture"), dict):
+        raise CheckpointError(f"'{meta_path}' has no architecture description")
+    family_class(str(description.get("family")))
     return description
 
 
-def load_model(path: str | Path) -> tuple[EncoderClassifier, dict[str, Any]]:
+def load_model(path: str | Path) -> tuple[GatedModel, dict[str, Any]]:
     """Load a checkpoint saved by :func:`save_model`; returns (model in eval mode, description)."""
     weights_path, meta_path = checkpoint_paths(path)
     description = read_description(path)
@@ -84,15 +109,15 @@ def load_model(path: str | Path) -> tuple[EncoderClassifier, dict[str, Any]]:
             f"'{weights_path}' does not match '{meta_path}' (SHA-256 differs: truncated, corrupted "
             "or from another checkpoint)"
         )
+    cls = family_class(description["family"])
     try:
-        config = ModelConfig.from_json_dict(description["model_config"])
-    except (ConfigError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"bad model_config in '{meta_path}': {exc}") from exc
+        model = cls.from_description(description["architecture"])
+    except (BAAError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"bad architecture in '{meta_path}': {str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
     try:
         tensors = load_file(str(weights_path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read '{weights_path}': {exc}") from exc
-    model = EncoderClassifier(config)
     expected = {name: list(t.shape) for name, t in model.state_dict().items()}
     found = {name: list(t.shape) for name, t in tensors.items()}
     if expected != found:
@@ -100,12 +125,31 @@ def load_model(path: str | Path) -> tuple[EncoderClassifier, dict[str, Any]]:
         unexpected = sorted(set(found) - set(expected))
         wrong = sorted(n for n in set(expected) & set(found) if expected[n] != found[n])
         raise CheckpointError(
-            f"'{weights_path}' does not fit its config: missing {missing[:3]}, unexpected "
+            f"'{weights_path}' does not fit its description: missing {missing[:3]}, unexpected "
             f"{unexpected[:3]}, wrong shapes {wrong[:3]}"
         )
     model.load_state_dict(tensors)
     model.eval()
     return model, description
+
+
+def load_ranking(path: str | Path, description: dict[str, Any], model: GatedModel):
+    """The head ranking stored with a checkpoint, checked against the model's grid."""
+    from budgeted_attention.pruning.selection import HeadRanking  # noqa: PLC0415
+
+    _, meta_path = checkpoint_paths(path)
+    if "ranking" not in description:
+        raise CheckpointError(f"'{meta_path}' has no head ranking (not a budgeted-hard checkpoint)")
+    try:
+        ranking = HeadRanking.from_dict(description["ranking"])
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CheckpointError(f"malformed head ranking in '{meta_path}': {exc}") from exc
+    if (ranking.n_layers, ranking.n_heads) != (model.n_layers, model.n_heads):
+        raise CheckpointError(
+            f"head ranking in '{meta_path}' is for {ranking.n_layers}x{ranking.n_heads} heads, "
+            f"the model has {model.n_layers}x{model.n_heads}"
+        )
+    return ranking
 
 
 def load_state(path: str | Path) -> dict[str, torch.Tensor]:

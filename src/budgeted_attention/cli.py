@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=_positive_int, default=1, help="torch threads while timing (default 1)")
     bench.add_argument("--rounds", type=_positive_int, default=7, help="interleaved timing rounds (default 7)")
     bench.add_argument("--min-run-time", type=_positive_float, default=0.3, help="seconds per timing block (default 0.3)")
+    bench.add_argument("--lengths", action="store_true", help="also time padded batches with lengths sampled from the run's training split")
     bench.add_argument("--json", help="write the JSON result here (default RUN_DIR/bench.json)")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -131,6 +132,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         min_run_time=args.min_run_time,
         json_path=args.json,
+        lengths=args.lengths,
         progress=not args.no_progress,
     )
     return 0

@@ -14,8 +14,9 @@ SMALL = SyntheticConfig(n_train=3000, n_val=200, n_test=1000, seq_len=8, n_distr
 def test_deterministic_and_well_formed():
     a = make_synthetic_splits(SMALL, seed=3)
     b = make_synthetic_splits(SMALL, seed=3)
-    assert torch.equal(a.train.input_ids, b.train.input_ids) and torch.equal(a.test.labels, b.test.labels)
-    ids, labels = a.test.input_ids, a.test.labels
+    with a.final_evaluation() as test_a, b.final_evaluation() as test_b:
+        assert torch.equal(a.train.input_ids, b.train.input_ids) and torch.equal(test_a.labels, test_b.labels)
+        ids, labels = test_a.input_ids, test_a.labels
     assert ids.shape == (1000, 9) and int(ids.max()) < SMALL.vocab_size
     # The label is the value right after the single marker.
     marker = (ids == MARK_ID).int().argmax(dim=1)
@@ -38,8 +39,9 @@ def _bag_of_tokens_accuracy(splits) -> float:
         optimizer.zero_grad()
         F.cross_entropy(x @ weights + bias, y).backward()
         optimizer.step()
-    predictions = (features(splits.test) @ weights + bias).argmax(dim=1)
-    return float((predictions == splits.test.labels).float().mean())
+    with splits.final_evaluation() as test:
+        predictions = (features(test) @ weights + bias).argmax(dim=1)
+        return float((predictions == test.labels).float().mean())
 
 
 def test_bag_of_tokens_is_near_chance_but_a_transformer_solves_it():
@@ -50,4 +52,5 @@ def test_bag_of_tokens_is_near_chance_but_a_transformer_solves_it():
     seed_everything(0)
     model = EncoderClassifier(ModelConfig(vocab_size=splits.vocab_size, n_classes=4, max_len=16, d_model=32, n_layers=2, n_heads=2, d_ff=64))
     train_dense(model, splits.train, TrainConfig(dense_steps=500, batch_size=64, lr=3e-3), seed=0, progress=False)
-    assert evaluate_accuracy(model, splits.test) > 0.9
+    with splits.final_evaluation() as test:
+        assert evaluate_accuracy(model, test) > 0.9

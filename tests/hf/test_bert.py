@@ -8,13 +8,10 @@ pytest.importorskip("transformers", reason="transformers is not installed")
 from transformers import BertConfig, BertForSequenceClassification  # noqa: E402
 
 from budgeted_attention.errors import CheckpointError  # noqa: E402
-from budgeted_attention.hf.bert import (  # noqa: E402
-    GatedBertClassifier,
-    load_gated_bert,
-    load_saved_gated_bert,
-    minilm_path,
-    save_gated_bert,
-)
+from budgeted_attention.checkpoint import load_model, save_model  # noqa: E402
+from budgeted_attention.hf.bert import GatedBertClassifier, load_gated_bert, minilm_path  # noqa: E402
+from budgeted_attention.pruning.surgery import sort_heads  # noqa: E402
+from budgeted_attention.pruning.switching import SlicedModel  # noqa: E402
 from budgeted_attention.pruning.selection import HeadRanking  # noqa: E402
 
 
@@ -55,15 +52,16 @@ def test_pruned_equals_hard_masked_with_uneven_and_empty_layers(inputs, tmp_path
         model.keep_heads(kept)
         assert model.heads_per_layer == [3, 0, 1]
         assert torch.allclose(model(*inputs), masked, atol=1e-5)
-    save_gated_bert(model, tmp_path / "pruned", ranking=ranking.to_dict())
-    loaded, description = load_saved_gated_bert(tmp_path / "pruned")
+        assert model.head_ids == kept
+    save_model(model, tmp_path / "pruned", ranking=ranking.to_dict())
+    loaded, description = load_model(tmp_path / "pruned")
     assert loaded.heads_per_layer == [3, 0, 1] and "ranking" in description
     with torch.no_grad():
         assert torch.equal(loaded(*inputs), model(*inputs))
     weights = tmp_path / "pruned.safetensors"
     weights.write_bytes(weights.read_bytes()[:-10])
     with pytest.raises(CheckpointError, match="SHA-256"):
-        load_saved_gated_bert(tmp_path / "pruned")
+        load_model(tmp_path / "pruned")
 
 
 def test_budgeted_training_stage_runs_on_bert(inputs):
@@ -79,7 +77,7 @@ def test_budgeted_training_stage_runs_on_bert(inputs):
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
-    with pytest.raises(CheckpointError, match="cannot load"):
+    with pytest.raises(CheckpointError, match="not found"):
         load_gated_bert(tmp_path / "nothing-here", num_labels=2)
 
 
@@ -93,3 +91,43 @@ def test_packaged_minilm_loads_offline_with_gates():
     ids = torch.tensor([tokenizer.encode("budgeted attention on a cpu").ids])
     with torch.no_grad():
         assert model(ids, budget=0.5).shape == (1, 5)
+
+
+def _restricted(model, ids, mask, kept, budget):
+    grid = torch.zeros(model.n_layers, model.n_heads)
+    for layer, heads in enumerate(kept):
+        grid[layer, heads] = 1.0
+    return model(ids, mask, gates=model.gates(budget) * grid)
+
+
+def test_pruned_sorted_and_sliced_bert_keep_gate_meaning(inputs):
+    model = GatedBertClassifier(_tiny_bert()).eval()
+    with torch.no_grad():
+        model.gates.bias.copy_(torch.randn(3, 4, generator=torch.Generator().manual_seed(2)))
+    ranking = HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(4)))
+    kept = ranking.kept_heads(0.5)
+    pruned = model.pruned_copy(kept)
+    sorted_model = sort_heads(model, ranking)
+    served = SlicedModel(model, ranking)
+    with torch.no_grad():
+        for b in (0.3, 0.8):
+            expected = _restricted(model, *inputs, kept, b)
+            assert torch.allclose(pruned(*inputs, budget=b), expected, atol=1e-5)
+            assert torch.allclose(sorted_model(*inputs, budget=b), model(*inputs, budget=b), atol=1e-5)
+        pointers = [p.data_ptr() for p in served.parameters()]
+        for b in (0.25, 0.5, 1.0, 0.75):
+            served.set_budget(b)
+            assert torch.allclose(served(*inputs), model(*inputs, gates=ranking.mask(b)), atol=1e-5)
+        assert pointers == [p.data_ptr() for p in served.parameters()]
+
+
+def test_token_type_ids_reach_the_bert_model(inputs):
+    hf = _tiny_bert()
+    reference = copy.deepcopy(hf)
+    model = GatedBertClassifier(hf).eval()
+    segments = torch.zeros_like(inputs[0])
+    segments[:, 4:] = 1
+    with torch.no_grad():
+        expected = reference(input_ids=inputs[0], attention_mask=inputs[1], token_type_ids=segments).logits
+        assert torch.allclose(model(*inputs, segments), expected, atol=1e-5)
+        assert not torch.allclose(model(*inputs), expected, atol=1e-4)

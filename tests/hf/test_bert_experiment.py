@@ -48,7 +48,8 @@ bench: {{rounds: 1, min_run_time: 0.005}}
     out = tmp_path / "run"
     Experiment(load_experiment_config(str(config)), out, progress=False, log=lambda *_: None).run()
     rows = json.loads((out / "results.json").read_text())["rows"]
-    assert {r["method"] for r in rows} == {"dense", "budgeted", "budgeted-hard", "static", "posthoc", "posthoc-recovered"}
+    assert {r["method"] for r in rows} == {"dense", "dense-long", "budgeted", "budgeted-hard", "static", "static-soft", "posthoc",
+                                           "posthoc-recovered", "posthoc-recovered-1ep"}
     hard = [r for r in rows if r["method"] == "budgeted-hard" and r["budget"] == 0.5]
     assert hard[0]["heads_kept"] == 2 and "speedup" in hard[0] and "ideal_speedup" in hard[0]
     assert (out / "checkpoints" / "seed0" / "budgeted-hard.safetensors").is_file()
@@ -57,5 +58,7 @@ bench: {{rounds: 1, min_run_time: 0.005}}
 
     result = run_bench(out, seed=0, budgets=[0.5], batch_sizes=[2], seq_lens=[8], threads=1, rounds=1,
                        min_run_time=0.005, json_path=str(tmp_path / "b.json"), progress=False, log=lambda *_: None)
-    assert result["setting"]["dense_reference"].startswith("unmodified transformers")
-    assert result["rows"][0]["heads_kept"] == 2 and (tmp_path / "b.md").is_file()
+    assert result["setting"]["library_references"] == ["transformers"] and result["setting"]["family"] == "bert"
+    row = result["rows"][0]
+    assert row["heads_kept"] == 2 and row["transformers_speedup"] > 0 and row["sliced_speedup"] > 0
+    assert (tmp_path / "b.md").is_file() and "speedup vs transformers" in (tmp_path / "b.md").read_text()

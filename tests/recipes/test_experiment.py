@@ -8,7 +8,7 @@ from budgeted_attention.recipes import experiment as experiment_module
 from budgeted_attention.recipes.experiment import Experiment, load_experiment_config
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
-LATENCY_FIELDS = {"latency_ms", "dense_latency_ms", "speedup", "bench_batch_size", "bench_seq_len", "threads"}
+LATENCY_FIELDS = {"latency_ms", "dense_latency_ms", "speedup", "bench_batch_size", "bench_seq_len", "threads", "bench_input"}
 
 CONFIG = f"""
 name: tiny
@@ -36,7 +36,7 @@ def _config(tmp_path):
 
 def _accuracy_rows(out: Path):
     rows = json.loads((out / "results.json").read_text())["rows"]
-    return [{k: v for k, v in row.items() if k not in LATENCY_FIELDS} for row in rows]
+    return [{k: v for k, v in row.items() if k not in LATENCY_FIELDS and not k.endswith("_speedup") or k == "ideal_speedup"} for row in rows]
 
 
 @pytest.mark.filterwarnings("ignore:skipped")
@@ -67,7 +67,8 @@ def test_interrupted_run_resumes_to_identical_results(tmp_path, monkeypatch):
     assert _accuracy_rows(tmp_path / "straight") == _accuracy_rows(tmp_path / "resumed")
 
     methods = {r["method"] for r in _accuracy_rows(tmp_path / "resumed")}
-    assert methods == {"dense", "budgeted", "budgeted-hard", "static", "posthoc", "posthoc-recovered"}
+    assert methods == {"dense", "dense-long", "budgeted", "budgeted-hard", "static", "static-soft", "posthoc",
+                       "posthoc-recovered", "posthoc-recovered-1ep"}
     for name in ("results.csv", "results.md", "accuracy_vs_budget.png", "accuracy_vs_speedup.png", "tokenizer.json", "config.yaml"):
         assert (tmp_path / "resumed" / name).is_file()
 
@@ -97,3 +98,79 @@ def test_shipped_configs_parse():
     for name in ("synthetic", "ag_news", "dbpedia14", "bbc_short", "bbc_news", "minilm_bbc_short", "bert_mini_ag_news", "bert_mini_dbpedia14"):
         cfg = load_experiment_config(str(root / f"{name}.yaml"))
         assert cfg.name
+    from budgeted_attention.recipes.demo import load_demo_config
+
+    for name in ("synthetic_d256", "demo_ablation"):
+        assert load_demo_config(str(root / f"{name}.yaml"), [], quick=False).name
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_rows_record_steps_and_equal_step_controls(tmp_path):
+    cfg = _config(tmp_path)
+    cfg.seeds = [0]
+    experiment = Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None)
+    experiment.run()
+    rows = json.loads((tmp_path / "run" / "results.json").read_text())["rows"]
+    steps = {(r["method"], r["budget"]): r["steps"] for r in rows}
+    train = cfg.train
+    path = train.budgeted_steps + train.hard_steps
+    assert steps[("dense", 1.0)] == train.dense_steps
+    assert steps[("dense-long", 1.0)] == train.dense_steps + path == steps[("budgeted-hard", 0.5)]
+    assert steps[("budgeted", 0.5)] == train.dense_steps + train.budgeted_steps
+    assert steps[("static", 0.5)] == train.dense_steps + path
+    assert steps[("posthoc", 0.5)] == train.dense_steps
+    assert steps[("posthoc-recovered", 0.5)] == train.dense_steps + train.recovery_steps
+    assert steps[("posthoc-recovered-1ep", 0.5)] == train.dense_steps + train.epoch_steps(len(experiment.splits.train))
+    kinds = {r["method"]: r["cost_kind"] for r in rows}
+    assert kinds["budgeted"] == kinds["static-soft"] == "soft-estimate"
+    assert kinds["static"] == kinds["budgeted-hard"] == kinds["posthoc"] == "kept-heads"
+    for row in rows:
+        assert row["val_accuracy"] is not None
+        if row["cost_kind"] != "kept-heads":
+            assert row.get("speedup") is None  # soft estimates never get a measured speed
+    static = [r for r in rows if r["method"] == "static"][0]
+    assert static["speedup"] > 0 and static["heads_kept"] == 2
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_test_split_is_read_only_in_final_evaluation(tmp_path, monkeypatch):
+    from budgeted_attention.data.dataset import SealedSplit, TestSplitSealedError
+
+    inside = {"depth": 0, "reads": 0}
+    original_evaluate = experiment_module.evaluate_model
+    original_open = SealedSplit.final_evaluation
+
+    def tracking_evaluate(*args, **kwargs):
+        inside["depth"] += 1
+        try:
+            return original_evaluate(*args, **kwargs)
+        finally:
+            inside["depth"] -= 1
+
+    def guarded_open(self):
+        assert inside["depth"] == 1, "test split opened outside the final evaluation"
+        inside["reads"] += 1
+        return original_open(self)
+
+    monkeypatch.setattr(experiment_module, "evaluate_model", tracking_evaluate)
+    monkeypatch.setattr(SealedSplit, "final_evaluation", guarded_open)
+    cfg = _config(tmp_path)
+    cfg.seeds = [0]
+    experiment = Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None)
+    experiment.run()
+    assert inside["reads"] > 0
+    with pytest.raises(TestSplitSealedError):  # any other read fails loudly
+        experiment.splits.test.labels
+
+
+def test_a_run_that_failed_validation_can_be_rerun_into_the_same_out(tmp_path):
+    out = tmp_path / "run"
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG.replace("max_len: 16, dropout", "max_len: 4, dropout"))  # model shorter than the data
+    with pytest.raises(ConfigError, match="max_len"):
+        Experiment(load_experiment_config(str(path)), out, progress=False, log=lambda *_: None)
+    assert not (out / "config.sha256").exists()
+    cfg = _config(tmp_path)
+    cfg.seeds, cfg.methods = [0], ["dense"]
+    Experiment(cfg, out, progress=False, log=lambda *_: None).run()
+    assert (out / "results.json").is_file()

@@ -38,7 +38,7 @@ def _soft(budget, cost, test, val, seed):
 
 
 def make_experiment_run(root: Path) -> Path:
-    """A new-style experiment run: name in config, resumed twice, units with seconds, bench with hf_speedup."""
+    """A new-style experiment run: name in config, resumed twice, units with seconds, bench with transformers_speedup."""
     run = root / "runs" / "bbc"
     (run / "units" / "seed0").mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump({"name": "bbc_short", "seeds": [0]}))
@@ -53,7 +53,7 @@ def make_experiment_run(root: Path) -> Path:
         _soft(0.3, 0.28, test=0.95, val=0.93, seed=0),
         _soft(0.5, 0.45, test=0.96, val=0.95, seed=0),
         {"method": "budgeted-hard", "budget": 0.5, "seed": 0, "accuracy": 0.93, "val_accuracy": 0.92, "cost": 0.5,
-         "cost_kind": "kept-heads", "steps": 3500, "speedup": 1.3, "ideal_speedup": 1.33, "hf_speedup": 1.21},
+         "cost_kind": "kept-heads", "steps": 3500, "speedup": 1.3, "ideal_speedup": 1.33, "transformers_speedup": 1.21},
     ]
     (run / "results.json").write_text(json.dumps({"rows": rows}))
     for name, seconds in (("dense", 100.0), ("budgeted", 23.4)):
@@ -61,7 +61,7 @@ def make_experiment_run(root: Path) -> Path:
     bench = {
         "rows": [{"budget": 0.5, "batch_size": 1, "seq_len": 128, "threads": 1, "dense_latency_ms": 13.0, "latency_ms": 10.0,
                   "speedup": 1.3, "ideal_speedup": 1.33, "efficiency": 0.98, "heads_kept": 8, "heads_per_layer": [2, 2, 2, 2],
-                  "hf_speedup": 1.21, "plain_speedup": 1.3}],
+                  "transformers_speedup": 1.21, "plain_speedup": 1.3}],
         "gate_overhead": [{"batch_size": 1, "seq_len": 128, "threads": 1, "plain_latency_ms": 13.0, "gated_b1_latency_ms": 13.1, "overhead": 0.0077}],
         "setting": {"threads": 1, "rounds": 3, "dense_reference": "unmodified transformers BertForSequenceClassification (SDPA)"},
         "checkpoint": "runs/bbc/checkpoints/seed0/budgeted-hard.json",
@@ -115,7 +115,7 @@ def test_report_from_run_dirs(tmp_path):
     assert "x86_64, 2 CPUs, Python 3.11.7, torch 2.13.0+cpu" in bbc
     assert "123 s of compute over 2 finished unit(s)" in bbc
     assert "| budgeted | 0.30 | 1 | 3,000 | 93.00 ± 0.00 | 95.00 ± 0.00 | ~0.280 |" in bbc
-    assert "vs HF" in bbc and "1.21x" in bbc
+    assert "vs transformers" in bbc and "1.21x" in bbc
     # headline: chosen by validation (b=0.3, test 95 %), not by test (b=0.2, test 99 %)
     headline = bbc.split("### Headline", 1)[1].split("###", 1)[0]
     assert "95.00% (val. 93.00%, b=0.30" in headline and "99.00%" not in headline

@@ -1,4 +1,4 @@
-"""Result tables read old rows and the new ones (val_accuracy, cost + cost_kind, steps, hf_speedup)."""
+"""Result tables read old rows and the new ones (val_accuracy, cost + cost_kind, steps, transformers_speedup)."""
 
 from budgeted_attention.reporting.results import METHOD_ORDER, aggregate, markdown_table, write_results
 
@@ -15,7 +15,7 @@ NEW = [
     for s in (0, 1)
 ] + [
     {"method": "posthoc-recovered-1ep", "budget": 0.5, "seed": 0, "accuracy": 0.7, "val_accuracy": None,
-     "cost": 0.5, "cost_kind": "kept-heads", "steps": 2100, "hf_speedup": 1.42},
+     "cost": 0.5, "cost_kind": "kept-heads", "steps": 2100, "transformers_speedup": 1.42},
     {"method": "dense-long", "budget": 1.0, "seed": 0, "accuracy": 0.96, "val_accuracy": 0.94, "cost": 1.0,
      "cost_kind": "dense", "steps": 4000},
 ]
@@ -35,13 +35,13 @@ def test_aggregate_new_fields():
     assert abs(soft["val_accuracy_mean"] - 0.805) < 1e-9 and soft["steps_mean"] == 3000
     assert soft["cost_mean"] == 0.4 and soft["cost_kind"] == "soft-estimate"
     post = summary[("posthoc-recovered-1ep", 0.5)]
-    assert "val_accuracy_mean" not in post and post["hf_speedup_mean"] == 1.42
+    assert "val_accuracy_mean" not in post and post["transformers_speedup_mean"] == 1.42
 
 
 def test_table_columns_and_soft_mark():
     table = markdown_table(aggregate(NEW))
     header = table.splitlines()[0]
-    for column in ("steps", "val. acc. %", "test acc. %", "cost", "vs HF"):
+    for column in ("steps", "val. acc. %", "test acc. %", "cost", "vs transformers"):
         assert column in header
     lines = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
     assert "~0.400" in lines["budgeted"] and "3,000" in lines["budgeted"] and "80.50 ± 0.71" in lines["budgeted"]
@@ -54,5 +54,5 @@ def test_old_rows_still_render(tmp_path):
     lines = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
     assert "~0.410" in lines["budgeted"]  # old soft rows: estimated_cost, kind from the method
     assert "| 0.500 |" in lines["budgeted-hard"] and "1.30x" in lines["budgeted-hard"]
-    assert "vs HF" not in table
+    assert "vs transformers" not in table
     assert (tmp_path / "results.md").read_text().startswith("# old")

@@ -8,7 +8,7 @@ from budgeted_attention.model.cost import CostModel, estimated_cost
 from budgeted_attention.model.transformer import EncoderClassifier
 from budgeted_attention.pruning.selection import HeadRanking
 from budgeted_attention.training.config import TrainConfig
-from budgeted_attention.training.stages import seed_everything, train_budgeted, train_dense, train_hard
+from budgeted_attention.training.stages import sample_budget, seed_everything, train_budgeted, train_dense, train_hard
 
 DATA = SyntheticConfig(n_train=256, n_val=32, n_test=64, seq_len=8, n_distractors=4)
 
@@ -55,6 +55,42 @@ def test_hard_stage_trains_only_through_the_mask():
     splits, model = _setup()
     ranking = HeadRanking.from_scores(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
     before = copy.deepcopy(model.state_dict())
-    losses = train_hard(model, splits.train, TrainConfig(hard_steps=5, batch_size=16), ranking, seed=0, progress=False)
-    assert len(losses) == 5
+    log = train_hard(model, splits.train, TrainConfig(hard_steps=5, batch_size=16), ranking, seed=0, progress=False)
+    assert log.steps == log.steps_run == len(log.losses) == 5
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_hard_stage_freezes_gates_so_the_stored_ranking_stays_true():
+    splits, model = _setup()
+    with torch.no_grad():
+        model.gates.bias.copy_(torch.tensor([[2.0, -1.0], [-0.5, 1.0]]))
+    ranking = HeadRanking.from_scores(model.gates.importance())
+    before = [p.clone() for p in model.gates.parameters()]
+    tc = TrainConfig(hard_steps=20, batch_size=16, gate_lr=0.5)
+    train_hard(model, splits.train, tc, ranking, seed=0, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.gates.parameters()))
+    assert HeadRanking.from_scores(model.gates.importance()) == ranking
+    assert all(p.requires_grad for p in model.gates.parameters())  # unfrozen again afterwards
+
+
+def test_training_budgets_include_the_full_budget():
+    import random
+
+    rng = random.Random(0)
+    draws = [sample_budget(TrainConfig(full_budget_prob=0.25), rng) for _ in range(2000)]
+    share = sum(b == 1.0 for b in draws) / len(draws)
+    assert 0.2 < share < 0.3 and min(draws) >= 0.1
+    assert all(b < 1.0 for b in (sample_budget(TrainConfig(full_budget_prob=0.0), rng) for _ in range(200)))
+
+
+def test_dense_early_stopping_on_validation_restores_the_best_weights():
+    splits, model = _setup()
+    tc = TrainConfig(dense_steps=400, batch_size=16, lr=3e-3, early_stopping_patience=2, eval_every=20)
+    log = train_dense(model, splits.train, tc, seed=0, progress=False, val=splits.val)
+    best_step, best_score = max(log.val_history, key=lambda entry: (entry[1], -entry[0]))
+    assert log.steps == best_step and log.steps <= log.steps_run <= 400
+    from budgeted_attention.training.evaluate import evaluate_accuracy
+
+    assert evaluate_accuracy(model, splits.val) == best_score
+    if log.steps_run < 400:  # stopped early: the last `patience` evaluations did not improve
+        assert all(score <= best_score for _, score in log.val_history[-2:])

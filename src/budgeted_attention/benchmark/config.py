@@ -19,6 +19,8 @@ class BenchConfig:
         rounds: interleaved timing rounds (median of round medians).
         min_run_time: seconds per ``blocked_autorange`` call.
         include_sliced: also time the sliced layout (instant switching) at each budget.
+        lengths: also time padded batches whose lengths are sampled from the training split's
+            real token counts (the latency a user of the data set sees).
 
     Every value is checked on construction (``ConfigError`` naming ``bench.<key>``): budgets
     finite in (0, 1]; batch sizes at least one, all >= 1; sequence lengths >= 1; threads and
@@ -32,6 +34,7 @@ class BenchConfig:
     rounds: int = 5
     min_run_time: float = 0.2
     include_sliced: bool = True
+    lengths: bool = False
 
     def __post_init__(self) -> None:
         self.budgets = check_budgets(self.budgets, "bench.budgets", allow_empty=True)
@@ -41,3 +44,4 @@ class BenchConfig:
         self.rounds = check_int(self.rounds, "bench.rounds", ge=1)
         self.min_run_time = check_float(self.min_run_time, "bench.min_run_time", gt=0.0)
         check_bool(self.include_sliced, "bench.include_sliced")
+        check_bool(self.lengths, "bench.lengths")

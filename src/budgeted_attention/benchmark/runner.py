@@ -1,25 +1,29 @@
-"""``baa bench``: latency of dense vs pruned models for several budgets and input shapes."""
+"""``baa bench``: latency of dense vs pruned models of any family, for several budgets and inputs.
+
+Written once against :class:`budgeted_attention.model.family.GatedModel`: the dense reference is
+the family's ``plain_reference()`` (same kernels, no gate code), and every other reference the
+family offers (``library_references()``, e.g. the unmodified transformers model) is timed in the
+same interleaved rounds, so each pruned model gets a speedup against each reference.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from budgeted_attention.benchmark.config import BenchConfig
+from budgeted_attention.benchmark.inputs import length_batches, random_ids
 from budgeted_attention.benchmark.latency import measure_interleaved, time_call
-from budgeted_attention.benchmark.reference import PlainEncoder
 from budgeted_attention.model.cost import CostModel
-from budgeted_attention.model.transformer import EncoderClassifier
+from budgeted_attention.model.family import GatedModel
 from budgeted_attention.pruning.selection import HeadRanking
-from budgeted_attention.pruning.surgery import prune_to_budget
 from budgeted_attention.pruning.switching import SlicedModel
 
-
-def _random_inputs(config, batch: int, seq: int, seed: int = 0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, config.vocab_size, (batch, seq), generator=gen)
+# Batches per timed call in the real-lengths mode: one call runs them all (latency is per batch).
+LENGTH_BATCHES = 8
 
 
 def speed_row(
@@ -43,61 +47,101 @@ def speed_row(
     }
 
 
+def _input_settings(model: GatedModel, cfg: BenchConfig, vocab_size: int, lengths: list[int] | None, pad_id: int, low: int):
+    """(label, batch, seq, list of (ids, mask)) per timed input shape."""
+    settings = []
+    for batch in cfg.batch_sizes:
+        for seq in cfg.seq_lens:
+            settings.append(("random", batch, seq, [(random_ids(vocab_size, batch, seq, low=low), None)]))
+        if lengths:
+            batches = length_batches(lengths, batch, LENGTH_BATCHES, vocab_size, pad_id=pad_id, low=low)
+            mean_padded = round(sum(ids.shape[1] for ids, _ in batches) / len(batches))
+            settings.append(("lengths", batch, mean_padded, batches))
+    return settings
+
+
+def _runner(module: Callable[..., Any], batches: list[tuple[torch.Tensor, torch.Tensor | None]]) -> Callable[[], None]:
+    def run() -> None:
+        for ids, mask in batches:
+            module(ids, mask)
+
+    return run
+
+
 def bench_models(
-    model: EncoderClassifier,
-    ranking: HeadRanking,
+    model: GatedModel,
+    kept_by_budget: dict[float, list[list[int]]],
     cfg: BenchConfig,
     *,
+    ranking: HeadRanking | None = None,
+    lengths: list[int] | None = None,
+    vocab_size: int | None = None,
+    pad_id: int = 0,
+    low_id: int = 0,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Time the plain dense model, the gated model at b = 1, and one pruned model per budget.
+    """Time the references, the gated model at b = 1, and one pruned model per budget.
 
-    Returns ``{"rows": [...], "gate_overhead": [...], "switch": {...}, "setting": {...}}``; each row has
-    ``budget, batch_size, seq_len, threads, dense_latency_ms, latency_ms, speedup, ideal_speedup,
-    efficiency, heads_kept, heads_per_layer`` (and ``sliced_latency_ms`` with ``include_sliced``).
+    Args:
+        model: the full (unpruned) gated model.
+        kept_by_budget: budget -> per-layer kept original head ids (e.g. ``ranking.kept_heads(b)``).
+        cfg: batch sizes, padded sequence lengths, threads, rounds.
+        ranking: when given (and ``cfg.include_sliced``), the sliced layout is timed too, plus
+            the budget switch time.
+        lengths: real token counts of a data set; adds padded batches sampled from them.
+        vocab_size, pad_id, low_id: id range of the random inputs.
+
+    Returns:
+        ``{"rows", "gate_overhead", "switch"?, "setting"}``; each row has ``budget, input,
+        batch_size, seq_len, threads, dense_latency_ms, latency_ms, speedup, ideal_speedup,
+        efficiency, heads_kept, heads_per_layer``, ``<reference>_speedup`` per library reference
+        and ``sliced_speedup`` with the sliced layout.
     """
     model = model.eval()
+    if model.is_pruned:
+        raise ValueError("bench needs the full model (the references are built from it)")
+    max_len = getattr(getattr(model, "config", None), "max_len", None)
     for seq in cfg.seq_lens:
-        if seq > model.config.max_len:
-            raise ValueError(f"sequence length {seq} exceeds the model's max_len {model.config.max_len}")
-    plain = PlainEncoder(model)
-    pruned = {b: prune_to_budget(model, ranking, b) for b in cfg.budgets}
-    sliced = SlicedModel(model, ranking) if cfg.include_sliced else None
+        if max_len is not None and seq > max_len:
+            raise ValueError(f"sequence length {seq} exceeds the model's max_len {max_len}")
+    vocab = vocab_size or _vocab_size(model)
+    low_id = min(low_id, vocab // 2)  # tiny test vocabularies have no "ordinary word" id range
+    plain = model.plain_reference().eval()
+    references = {name: ref.eval() for name, ref in model.library_references().items()}
+    pruned = {b: model.pruned_copy(kept) for b, kept in kept_by_budget.items()}
+    sliced = SlicedModel(model, ranking) if (ranking is not None and cfg.include_sliced) else None
     rows: list[dict[str, Any]] = []
     overhead: list[dict[str, Any]] = []
-    settings = [(b, t) for b in cfg.batch_sizes for t in cfg.seq_lens]
-    for batch, seq in tqdm(settings, desc="bench", disable=not progress, leave=False):
-        ids = _random_inputs(model.config, batch, seq)
-        functions: dict[str, Any] = {
-            "plain": lambda: plain(ids),
-            "gated_b1": lambda: model(ids, budget=1.0),
-        }
+    settings = _input_settings(model, cfg, vocab, lengths, pad_id, low_id)
+    for label, batch, seq, batches in tqdm(settings, desc="bench", disable=not progress, leave=False):
+        functions: dict[str, Callable[[], None]] = {"plain": _runner(plain, batches)}
+        for name, ref in references.items():
+            functions[name] = _runner(ref, batches)
+        functions["gated_b1"] = _runner(lambda ids, mask: model(ids, mask, budget=1.0), batches)
         for b, pm in pruned.items():
-            functions[f"pruned_{b}"] = (lambda m: lambda: m(ids))(pm)
+            functions[f"pruned_{b}"] = _runner(pm, batches)
         if sliced is not None:
-            for b in cfg.budgets:
-                functions[f"sliced_{b}"] = (lambda budget: lambda: (sliced.set_budget(budget), sliced(ids)))(b)
-        latency = measure_interleaved(
+            for b in kept_by_budget:
+                functions[f"sliced_{b}"] = (lambda budget, run: lambda: (sliced.set_budget(budget), run()))(b, _runner(sliced, batches))
+        latency = {k: v / len(batches) for k, v in measure_interleaved(
             functions, threads=cfg.threads, rounds=cfg.rounds, min_run_time=cfg.min_run_time
-        )
-        cost = CostModel(model.config, seq)
+        ).items()}
+        cost = model.cost_model(seq)
         dense_ms = latency["plain"]
         for b, pm in pruned.items():
-            row = speed_row(b, batch, seq, cfg.threads, dense_ms, latency[f"pruned_{b}"], pm.config.heads_per_layer, cost)
+            row = {"input": label, **speed_row(b, batch, seq, cfg.threads, dense_ms, latency[f"pruned_{b}"], pm.heads_per_layer, cost)}
+            for name in references:
+                row[f"{name}_latency_ms"] = latency[name]
+                row[f"{name}_speedup"] = latency[name] / latency[f"pruned_{b}"]
             if sliced is not None:
                 row["sliced_latency_ms"] = latency[f"sliced_{b}"]
                 row["sliced_speedup"] = dense_ms / latency[f"sliced_{b}"]
             rows.append(row)
-        overhead.append(
-            {
-                "batch_size": batch,
-                "seq_len": seq,
-                "threads": cfg.threads,
-                "plain_latency_ms": dense_ms,
-                "gated_b1_latency_ms": latency["gated_b1"],
-                "overhead": latency["gated_b1"] / dense_ms - 1.0,
-            }
-        )
+        entry = {"input": label, "batch_size": batch, "seq_len": seq, "threads": cfg.threads, "plain_latency_ms": dense_ms,
+                 "gated_b1_latency_ms": latency["gated_b1"], "overhead": latency["gated_b1"] / dense_ms - 1.0}
+        for name in references:
+            entry[f"{name}_latency_ms"] = latency[name]
+        overhead.append(entry)
     result: dict[str, Any] = {
         "rows": rows,
         "gate_overhead": overhead,
@@ -106,11 +150,14 @@ def bench_models(
             "rounds": cfg.rounds,
             "min_run_time_s": cfg.min_run_time,
             "timer": "torch.utils.benchmark blocked_autorange, interleaved, median of round medians",
-            "dense_reference": "PlainEncoder (same weights, no gate code)",
+            "dense_reference": f"{type(plain).__name__}: same weights and kernels, no gate code",
+            "library_references": sorted(references),
+            "length_batches": LENGTH_BATCHES if lengths else 0,
+            "family": model.family,
         },
     }
-    if sliced is not None and len(cfg.budgets) >= 1:
-        budgets = cfg.budgets if len(cfg.budgets) > 1 else cfg.budgets + [1.0]
+    if sliced is not None:
+        budgets = sorted(kept_by_budget) if len(kept_by_budget) > 1 else sorted(kept_by_budget) + [1.0]
         state = {"i": 0}
 
         def switch() -> None:
@@ -121,24 +168,45 @@ def bench_models(
     return result
 
 
+def bench_ranking(model: GatedModel, ranking: HeadRanking, cfg: BenchConfig, **kwargs: Any) -> dict[str, Any]:
+    """:func:`bench_models` at ``cfg.budgets`` with the kept sets of one nested ranking (and the sliced layout)."""
+    kept = {b: ranking.kept_heads(b) for b in cfg.budgets}
+    return bench_models(model, kept, cfg, ranking=ranking, **kwargs)
+
+
+def _vocab_size(model: GatedModel) -> int:
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "vocab_size"):
+        return int(config.vocab_size)
+    return int(model.hf.config.vocab_size)  # type: ignore[attr-defined]
+
+
 def bench_markdown(result: dict[str, Any]) -> str:
     """Markdown tables of a :func:`bench_models` result."""
+    refs = result.get("setting", {}).get("library_references", [])
+    ref_header = "".join(f" speedup vs {name} |" for name in refs)
     lines = [
-        "| budget | batch | seq | threads | heads kept | dense ms | pruned ms | speedup | FLOP-ideal | speedup / ideal | sliced speedup |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| budget | input | batch | seq | threads | heads kept | dense ms | pruned ms | speedup | FLOP-ideal | speedup / ideal |"
+        + ref_header + " sliced speedup |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(refs) + "---:|",
     ]
     for r in result["rows"]:
         sliced = f"{r['sliced_speedup']:.2f}x" if "sliced_speedup" in r else ""
+        ref_cells = "".join(f" {r[f'{name}_speedup']:.2f}x |" if f"{name}_speedup" in r else " |" for name in refs)
         lines.append(
-            f"| {r['budget']:.2f} | {r['batch_size']} | {r['seq_len']} | {r['threads']} | {r['heads_kept']} "
+            f"| {r['budget']:.2f} | {r.get('input', 'random')} | {r['batch_size']} | {r['seq_len']} | {r['threads']} | {r['heads_kept']} "
             f"{r['heads_per_layer']} | {r['dense_latency_ms']:.3f} | {r['latency_ms']:.3f} | {r['speedup']:.2f}x | "
-            f"{r['ideal_speedup']:.2f}x | {r['efficiency']:.2f} | {sliced} |"
+            f"{r['ideal_speedup']:.2f}x | {r['efficiency']:.2f} |{ref_cells} {sliced} |"
         )
-    lines += ["", "| batch | seq | plain dense ms | gated model at b=1 ms | overhead |", "|---:|---:|---:|---:|---:|"]
+    lines += ["", "| input | batch | seq | plain dense ms | gated model at b=1 ms | overhead |", "|---|---:|---:|---:|---:|---:|"]
     for o in result["gate_overhead"]:
         lines.append(
-            f"| {o['batch_size']} | {o['seq_len']} | {o['plain_latency_ms']:.3f} | {o['gated_b1_latency_ms']:.3f} | {100 * o['overhead']:+.1f}% |"
+            f"| {o.get('input', 'random')} | {o['batch_size']} | {o['seq_len']} | {o['plain_latency_ms']:.3f} | "
+            f"{o['gated_b1_latency_ms']:.3f} | {100 * o['overhead']:+.1f}% |"
         )
     if "switch" in result:
         lines += ["", f"Budget switch (sliced layout): {1000 * result['switch']['switch_ms']:.1f} µs median."]
+    if any(r.get("input") == "lengths" for r in result["rows"]):
+        lines += ["", f"`lengths` rows: padded batches whose lengths are sampled from the data set; seq = mean padded length, "
+                  f"latency per batch over {result['setting'].get('length_batches')} batches."]
     return "\n".join(lines) + "\n"

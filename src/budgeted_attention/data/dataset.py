@@ -1,9 +1,10 @@
-"""Tokenised splits held as tensors, and mini-batch iteration."""
+"""Tokenised splits held as tensors, mini-batch iteration, and the sealed test split."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,18 +30,87 @@ class Split:
             index = order[start : start + batch_size]
             yield self.input_ids[index], self.attention_mask[index], self.labels[index]
 
+    def lengths(self) -> list[int]:
+        """Real (unpadded) token count of every example."""
+        return [int(n) for n in self.attention_mask.sum(dim=1)]
+
+
+class TestSplitSealedError(RuntimeError):
+    """The test split was read outside a final evaluation (a choice would have seen test data)."""
+
+
+class SealedSplit:
+    """The test split behind a guard: every read outside :meth:`final_evaluation` raises.
+
+    Budget picks, rankings, early stopping and headlines must use training or validation data;
+    only the final evaluation of a finished model may read the test split. The guard makes a
+    violation a loud error instead of a silently optimistic number, and counts legitimate reads.
+    """
+
+    def __init__(self, split: Split) -> None:
+        self._split = split
+        self._open = 0
+        self.reads = 0
+
+    @contextlib.contextmanager
+    def final_evaluation(self) -> Iterator[Split]:
+        """Open the split for the final evaluation of a finished model."""
+        self._open += 1
+        try:
+            yield self._split
+        finally:
+            self._open -= 1
+
+    def _get(self) -> Split:
+        if not self._open:
+            raise TestSplitSealedError(
+                "the test split is sealed: read it only inside final_evaluation() (choices use validation data)"
+            )
+        self.reads += 1
+        return self._split
+
+    def __len__(self) -> int:  # the size is not data: reporting it needs no unsealing
+        return len(self._split)
+
+    def batches(self, batch_size: int, **kwargs):
+        return self._get().batches(batch_size, **kwargs)
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self._get().input_ids
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return self._get().attention_mask
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self._get().labels
+
 
 @dataclass
 class TensorSplits:
-    """Train/validation/test splits plus what the model needs to know about them."""
+    """Train/validation/test splits plus what the model needs to know about them.
+
+    ``test`` is wrapped in a :class:`SealedSplit`: read it through ``with splits.final_evaluation()
+    as test:`` only.
+    """
 
     train: Split
     val: Split
-    test: Split
+    test: Split | SealedSplit
     vocab_size: int
     n_classes: int
     pad_id: int
-    class_names: list[str]
+    class_names: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.test, SealedSplit):
+            self.test = SealedSplit(self.test)
+
+    def final_evaluation(self):
+        """Context manager yielding the test :class:`Split` for a final evaluation."""
+        return self.test.final_evaluation()  # type: ignore[union-attr]
 
     @property
     def seq_len(self) -> int:

@@ -14,6 +14,7 @@ rankings of this library apply unchanged.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from pathlib import Path
 
@@ -22,7 +23,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from budgeted_attention.errors import CheckpointError
-from budgeted_attention.model.gates import BudgetGates
+from budgeted_attention.hf.architectures import (
+    attention_output_dense,
+    classifier_from_config,
+    encoder_layers,
+    load_pretrained_classifier,
+    self_attention,
+    set_self_attention,
+    unmodified_reference,
+)
+from budgeted_attention.model.family import GatedModel
 
 
 def minilm_path() -> Path:
@@ -35,26 +45,56 @@ def minilm_path() -> Path:
     return Path(spec.origin).parent / "model"
 
 
+class PrefixInputLinear(nn.Linear):
+    """``BertSelfOutput.dense`` that reads only the first ``active_in`` input features.
+
+    Instant budget switching slices the sorted heads of a layer as a prefix; the output projection
+    must then use the matching prefix of its input columns (a view, no copy).
+    """
+
+    active_in: int | None = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> PrefixInputLinear:
+        linear.__class__ = cls  # keep the parameters (and their state-dict names) as they are
+        linear.active_in = None
+        return linear  # type: ignore[return-value]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.active_in is None or self.active_in == self.in_features:
+            return super().forward(x)
+        return F.linear(x, self.weight[:, : self.active_in], self.bias)
+
+
 class GatedBertSelfAttention(nn.Module):
-    """Drop-in for ``BertSelfAttention`` (encoder self-attention only) with gates and pruning."""
+    """Drop-in for ``BertSelfAttention`` (encoder self-attention only) with gates and pruning.
+
+    ``num_heads`` heads are physically present; ``active_heads`` (a prefix) run in forward.
+    """
 
     def __init__(self, source: nn.Module) -> None:
         super().__init__()
         self.head_dim = source.attention_head_size
         self.num_heads = source.num_attention_heads
+        self.active_heads = self.num_heads
         self.query, self.key, self.value = source.query, source.key, source.value
         self.dropout_p = source.dropout.p
         self.scaling = source.scaling
-        self.head_gates: torch.Tensor | None = None  # set by GatedBertClassifier per forward
+        self.head_gates: torch.Tensor | None = None  # (active_heads,), set by GatedBertClassifier per forward
+
+    def _project(self, linear: nn.Linear, x: torch.Tensor, width: int) -> torch.Tensor:
+        if width == linear.out_features:
+            return linear(x)
+        return F.linear(x, linear.weight[:width], linear.bias[:width])
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_: object):
         batch, seq, _ = hidden_states.shape
-        n, hd = self.num_heads, self.head_dim
+        n, hd = self.active_heads, self.head_dim
         if n == 0:
             return hidden_states.new_zeros(batch, seq, 0), None
-        q = self.query(hidden_states).view(batch, seq, n, hd).transpose(1, 2)
-        k = self.key(hidden_states).view(batch, seq, n, hd).transpose(1, 2)
-        v = self.value(hidden_states).view(batch, seq, n, hd).transpose(1, 2)
+        q = self._project(self.query, hidden_states, n * hd).view(batch, seq, n, hd).transpose(1, 2)
+        k = self._project(self.key, hidden_states, n * hd).view(batch, seq, n, hd).transpose(1, 2)
+        v = self._project(self.value, hidden_states, n * hd).view(batch, seq, n, hd).transpose(1, 2)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attention_mask, dropout_p=self.dropout_p if self.training else 0.0, scale=self.scaling
         )  # (B, n, T, hd)
@@ -63,137 +103,130 @@ class GatedBertSelfAttention(nn.Module):
         return y.transpose(1, 2).reshape(batch, seq, n * hd), None
 
     @torch.no_grad()
-    def keep_heads(self, heads: list[int], output_dense: nn.Linear) -> None:
-        """Keep only ``heads`` (in that order) here and in the following output projection."""
+    def keep_heads(self, positions: list[int], output_dense: nn.Linear) -> None:
+        """Keep only the physical heads at ``positions`` (in that order) here and in the output projection."""
         hd = self.head_dim
-        rows = torch.tensor([h * hd + i for h in heads for i in range(hd)], dtype=torch.long)
+        rows = torch.tensor([h * hd + i for h in positions for i in range(hd)], dtype=torch.long)
         for linear in (self.query, self.key, self.value):
             linear.weight = nn.Parameter(linear.weight[rows].clone())
             linear.bias = nn.Parameter(linear.bias[rows].clone())
             linear.out_features = len(rows)
         output_dense.weight = nn.Parameter(output_dense.weight[:, rows].clone())
         output_dense.in_features = len(rows)
-        self.num_heads = len(heads)
+        self.num_heads = self.active_heads = len(positions)
 
 
-class GatedBertClassifier(nn.Module):
-    """A ``BertForSequenceClassification`` with budget gates over its (layer, head) grid."""
+class GatedBertClassifier(GatedModel):
+    """A transformers sequence classifier of the BERT family with budget gates over its (layer, head) grid."""
 
-    def __init__(self, hf_model: nn.Module) -> None:
+    family = "bert"
+
+    def __init__(self, hf_model: nn.Module, head_ids: list[list[int]] | None = None) -> None:
         super().__init__()
         self.hf = hf_model
         cfg = hf_model.config
-        self.n_layers, self.n_heads = cfg.num_hidden_layers, cfg.num_attention_heads
         self.attentions: list[GatedBertSelfAttention] = []
-        for layer in hf_model.bert.encoder.layer:
-            if not isinstance(layer.attention.self, GatedBertSelfAttention):
-                layer.attention.self = GatedBertSelfAttention(layer.attention.self)
-            self.attentions.append(layer.attention.self)
-        self.gates = BudgetGates(self.n_layers, self.n_heads)
-
-    @property
-    def heads_per_layer(self) -> list[int]:
-        return [a.num_heads for a in self.attentions]
+        self.output_denses: list[PrefixInputLinear] = []
+        for layer in encoder_layers(hf_model):
+            if not isinstance(self_attention(layer), GatedBertSelfAttention):
+                set_self_attention(layer, GatedBertSelfAttention(self_attention(layer)))
+            self.attentions.append(self_attention(layer))
+            self.output_denses.append(PrefixInputLinear.from_linear(attention_output_dense(layer)))
+        self._init_heads(cfg.num_hidden_layers, cfg.num_attention_heads)
+        if head_ids is not None:
+            # Rebuilding a saved pruned/sorted model: shapes first (weights are loaded afterwards).
+            self.keep_heads(head_ids)
 
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
         *,
         budget: float | None = None,
         gates: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """(batch, n_classes) logits; gating as in ``EncoderClassifier.forward``."""
-        gates = self.gates.resolve(budget, gates)
+        """(batch, n_classes) logits; gating as in ``EncoderClassifier.forward``.
+
+        Args:
+            input_ids: (batch, seq) token ids.
+            attention_mask: optional (batch, seq), 1 for real tokens.
+            token_type_ids: optional (batch, seq) segment ids (sentence pairs).
+            budget: attention budget in (0, 1]; gates: explicit full-grid (n_layers, n_heads) gates.
+        """
+        per_layer = self.layer_gates(budget, gates)
         for layer, attention in enumerate(self.attentions):
-            attention.head_gates = None if gates is None else gates[layer, : attention.num_heads]
+            attention.head_gates = None if per_layer is None else per_layer[layer]
         try:
-            return self.hf(input_ids=input_ids, attention_mask=attention_mask).logits
+            return self.hf(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
         finally:
             for attention in self.attentions:
                 attention.head_gates = None
 
-    @torch.no_grad()
-    def keep_heads(self, kept: list[list[int]]) -> None:
-        """Physically keep ``kept[l]`` heads of layer l (uneven counts and empty layers allowed)."""
-        if len(kept) != self.n_layers:
-            raise ValueError(f"expected {self.n_layers} head lists, got {len(kept)}")
-        for layer, heads in zip(self.hf.bert.encoder.layer, kept):
-            layer.attention.self.keep_heads(list(heads), layer.attention.output.dense)
+    # ------------------------------------------------------------------ family hooks
+
+    def _physical_keep(self, positions: list[list[int]]) -> None:
+        for attention, dense, layer_positions in zip(self.attentions, self.output_denses, positions):
+            attention.keep_heads(list(layer_positions), dense)
+            dense.active_in = None
+
+    def _set_active(self, counts: list[int]) -> None:
+        for attention, dense, count in zip(self.attentions, self.output_denses, counts):
+            attention.active_heads = count
+            dense.active_in = count * attention.head_dim
+
+    def cost_model(self, seq_len: int):
+        return bert_cost_model(self.hf.config, seq_len)
+
+    def plain_reference(self) -> nn.Module:
+        if self.is_pruned:
+            raise ValueError("the plain reference needs the unpruned model")
+        return _UngatedCopy(self)
+
+    def library_references(self) -> dict[str, nn.Module]:
+        if self.is_pruned:
+            return {}
+        return {"transformers": _TransformersCall(unmodified_reference(self.hf))}
+
+    def describe(self) -> dict:
+        return {"hf_config": self.hf.config.to_dict(), "head_ids": self.head_ids}
+
+    @classmethod
+    def from_description(cls, description: dict) -> GatedBertClassifier:
+        hf = classifier_from_config(description["hf_config"])
+        return cls(hf, head_ids=description.get("head_ids"))
 
 
-def load_gated_bert(path: str | Path, num_labels: int) -> GatedBertClassifier:
-    """Load a local (or, with network, hub) BERT-family checkpoint with SDPA attention and gates."""
-    from transformers import BertForSequenceClassification  # noqa: PLC0415 - optional dependency
+class _UngatedCopy(nn.Module):
+    """Our BERT module on its dense path (no gate code): the like-for-like timing reference."""
 
-    try:
-        # The classification head is task-specific: a head of another size is re-initialised.
-        hf = BertForSequenceClassification.from_pretrained(
-            str(path), num_labels=num_labels, attn_implementation="sdpa", ignore_mismatched_sizes=True
-        )
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot load a BERT checkpoint from '{path}': {str(exc).splitlines()[0]}") from exc
+    def __init__(self, model: GatedBertClassifier) -> None:
+        super().__init__()
+        self.hf = copy.deepcopy(model.hf).eval()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        return self.hf(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+
+
+class _TransformersCall(nn.Module):
+    """The unmodified transformers model called like our models: ``(ids, mask) -> logits``."""
+
+    def __init__(self, hf: nn.Module) -> None:
+        super().__init__()
+        self.hf = hf
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        return self.hf(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+
+
+def load_gated_bert(path: str | Path, num_labels: int, *, log=None) -> GatedBertClassifier:
+    """Load a local (or, with network, hub) pretrained checkpoint of a supported family with gates.
+
+    The architecture is checked and every encoder weight must come from the checkpoint (only a
+    new classification head may be initialised): see :mod:`budgeted_attention.hf.architectures`.
+    """
+    hf = load_pretrained_classifier(str(path), num_labels, log=log)
     return GatedBertClassifier(hf.eval())
-
-
-def save_gated_bert(model: GatedBertClassifier, path: str | Path, **extra: object) -> Path:
-    """Save weights (safetensors) + JSON (transformers config, heads per layer, SHA-256); no pickle."""
-    from safetensors.torch import save_file  # noqa: PLC0415
-
-    from budgeted_attention.checkpoint import checkpoint_paths  # noqa: PLC0415
-    from budgeted_attention.io import atomic_path, sha256_file, write_json_atomic  # noqa: PLC0415
-
-    weights_path, meta_path = checkpoint_paths(path)
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    with atomic_path(weights_path) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": HF_FORMAT})
-    write_json_atomic(
-        meta_path,
-        {
-            "format": HF_FORMAT,
-            "hf_config": model.hf.config.to_dict(),
-            "heads_per_layer": model.heads_per_layer,
-            "weights_file": weights_path.name,
-            "weights_sha256": sha256_file(weights_path),
-            **extra,
-        },
-    )
-    return meta_path
-
-
-def load_saved_gated_bert(path: str | Path) -> tuple[GatedBertClassifier, dict]:
-    """Load a checkpoint written by :func:`save_gated_bert` (pruned shapes restored from the JSON)."""
-    import json  # noqa: PLC0415
-
-    from safetensors.torch import load_file  # noqa: PLC0415
-    from transformers import BertConfig, BertForSequenceClassification  # noqa: PLC0415
-
-    from budgeted_attention.checkpoint import checkpoint_paths  # noqa: PLC0415
-    from budgeted_attention.io import sha256_file  # noqa: PLC0415
-
-    weights_path, meta_path = checkpoint_paths(path)
-    if not meta_path.is_file() or not weights_path.is_file():
-        raise CheckpointError(f"checkpoint not found: '{meta_path}' / '{weights_path}'")
-    try:
-        description = json.loads(meta_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"'{meta_path}' is not valid JSON: {exc}") from exc
-    if description.get("format") != HF_FORMAT:
-        raise CheckpointError(f"'{meta_path}' is not a {HF_FORMAT} checkpoint")
-    if sha256_file(weights_path) != description.get("weights_sha256"):
-        raise CheckpointError(f"'{weights_path}' does not match '{meta_path}' (SHA-256 differs)")
-    config = BertConfig.from_dict(description["hf_config"])
-    config._attn_implementation = "sdpa"
-    model = GatedBertClassifier(BertForSequenceClassification(config))
-    model.keep_heads([list(range(n)) for n in description["heads_per_layer"]])
-    try:
-        model.load_state_dict(load_file(str(weights_path)))
-    except RuntimeError as exc:
-        raise CheckpointError(f"'{weights_path}' does not fit its description: {str(exc).splitlines()[0]}") from exc
-    return model.eval(), description
-
-
-HF_FORMAT = "budgeted_attention.hf_bert/1"
 
 
 def bert_cost_model(cfg, seq_len: int):

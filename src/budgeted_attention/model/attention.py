@@ -64,8 +64,8 @@ class GatedSelfAttention(nn.Module):
         Args:
             x: (batch, seq, d_model) hidden states.
             attn_mask: None, or boolean (batch, 1, 1, seq) with True where keys may be attended.
-            head_gates: None (no gating: the fast dense path), or (n_heads,) gate values for the
-                stored heads; only the first ``active_heads`` are used.
+            head_gates: None (no gating: the fast dense path), or (active_heads,) gate values of the
+                heads this forward pass runs.
 
         Returns:
             (batch, seq, d_model) attention output, before the residual add.
@@ -82,7 +82,7 @@ class GatedSelfAttention(nn.Module):
             q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
         )  # (B, n, T, hd)
         if head_gates is not None:
-            y = y * head_gates[:n].to(y.dtype).view(1, n, 1, 1)
+            y = y * head_gates.to(y.dtype).view(1, n, 1, 1)
         y = y.transpose(1, 2).reshape(batch * seq, n * hd)
         out = torch.addmm(self.out_bias, y, self.out_weight_t[: n * hd])
         return out.view(batch, seq, self.d_model)

@@ -29,6 +29,8 @@ class ModelConfig:
         pooling: ``"cls"`` (first position) or ``"mean"`` (mask-aware mean).
         heads_per_layer: heads physically present per layer; empty means ``n_heads`` everywhere.
             Structurally pruned models have uneven counts (0 allowed: the layer skips attention).
+        head_ids: per layer, the original head index of each physical head (storage order);
+            empty means the identity layout. Derived from ``heads_per_layer`` when not given.
     """
 
     vocab_size: int = 64
@@ -43,6 +45,7 @@ class ModelConfig:
     pad_id: int = 0
     pooling: str = "cls"
     heads_per_layer: list[int] = field(default_factory=list)
+    head_ids: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_classes", "max_len", "d_model", "n_layers", "n_heads"):
@@ -60,6 +63,17 @@ class ModelConfig:
         self.dropout = check_float(self.dropout, "model.dropout", ge=0.0, lt=1.0)
         if self.pooling not in ("cls", "mean"):
             raise ConfigError(f"model.pooling must be 'cls' or 'mean', got {self.pooling!r}")
+        if self.head_ids:
+            from budgeted_attention.model.family import validate_head_ids  # noqa: PLC0415
+
+            try:
+                self.head_ids = validate_head_ids(self.head_ids, self.n_layers, self.n_heads)
+            except ValueError as exc:
+                raise ConfigError(f"model.{exc}") from None
+            derived = [len(h) for h in self.head_ids]
+            if self.heads_per_layer and self.heads_per_layer != derived:
+                raise ConfigError(f"model.heads_per_layer {self.heads_per_layer!r} does not match model.head_ids {self.head_ids!r}")
+            self.heads_per_layer = derived
         if not self.heads_per_layer:
             self.heads_per_layer = [self.n_heads] * self.n_layers
         if (
@@ -71,6 +85,8 @@ class ModelConfig:
                 f"model.heads_per_layer must list {self.n_layers} counts in [0, {self.n_heads}], "
                 f"got {self.heads_per_layer!r}"
             )
+        if not self.head_ids:
+            self.head_ids = [list(range(n)) for n in self.heads_per_layer]
 
     @property
     def total_heads(self) -> int:
@@ -80,6 +96,10 @@ class ModelConfig:
     @property
     def is_pruned(self) -> bool:
         return any(h != self.n_heads for h in self.heads_per_layer)
+
+    def unpruned(self) -> ModelConfig:
+        """The same shape with every head present in its original order."""
+        return dataclasses.replace(self, heads_per_layer=[], head_ids=[])
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

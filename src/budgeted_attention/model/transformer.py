@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 
 import torch
@@ -10,7 +12,8 @@ from torch import nn
 
 from budgeted_attention.model.attention import GatedSelfAttention
 from budgeted_attention.model.config import ModelConfig
-from budgeted_attention.model.gates import BudgetGates
+from budgeted_attention.model.cost import CostModel
+from budgeted_attention.model.family import GatedModel
 
 
 def sinusoidal_positions(max_len: int, d_model: int, amplitude: float = 0.5) -> torch.Tensor:
@@ -60,13 +63,16 @@ class EncoderBlock(nn.Module):
         return x
 
 
-class EncoderClassifier(nn.Module):
+class EncoderClassifier(GatedModel):
     """Token + learned position embeddings -> pre-LN blocks -> final LN -> pooling -> linear.
 
     Gating: ``forward(ids, budget=b)`` multiplies each head's output by its budget gate g(b);
-    ``forward(ids, gates=G)`` uses explicit gates (e.g. hard 0/1 masks); with neither, no gate
-    code runs at all (the dense fast path).
+    ``forward(ids, gates=G)`` uses explicit full-grid gates (e.g. hard 0/1 masks); with neither,
+    no gate code runs at all (the dense fast path). Pruned and sorted copies re-index the gates
+    to the heads they hold (see :mod:`budgeted_attention.model.family`).
     """
+
+    family = "encoder"
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -77,20 +83,16 @@ class EncoderClassifier(nn.Module):
         self.blocks = nn.ModuleList(EncoderBlock(config, h) for h in config.heads_per_layer)
         self.ln_final = nn.LayerNorm(config.d_model)
         self.classifier = nn.Linear(config.d_model, config.n_classes)
-        self.gates = BudgetGates(config.n_layers, config.n_heads)
+        self._init_heads(config.n_layers, config.n_heads, config.head_ids)
         nn.init.normal_(self.token_embedding.weight, std=0.35)
         with torch.no_grad():
             self.position_embedding.weight.copy_(sinusoidal_positions(config.max_len, config.d_model))
-
-
-    def gate_values(self, budget: float | None = None, gates: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The (n_layers, n_heads) gates used for a forward pass, or None for no gating."""
-        return self.gates.resolve(budget, gates)
 
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
         *,
         budget: float | None = None,
         gates: torch.Tensor | None = None,
@@ -100,8 +102,10 @@ class EncoderClassifier(nn.Module):
         Args:
             input_ids: (batch, seq) token ids, seq <= max_len.
             attention_mask: optional (batch, seq), 1 for real tokens and 0 for padding.
+            token_type_ids: accepted for interface parity; this model has no segment embeddings,
+                so anything but all zeros is refused.
             budget: attention budget in (0, 1] for the budget gates.
-            gates: explicit (n_layers, n_heads) gate values (overrides ``budget``).
+            gates: explicit (n_layers, n_heads) full-grid gate values (overrides ``budget``).
 
         Returns:
             (batch, n_classes) logits.
@@ -109,15 +113,16 @@ class EncoderClassifier(nn.Module):
         batch, seq = input_ids.shape
         if seq > self.config.max_len:
             raise ValueError(f"sequence length {seq} exceeds model max_len {self.config.max_len}")
+        if token_type_ids is not None and bool(token_type_ids.any()):
+            raise ValueError("this encoder has no segment embeddings: token_type_ids must be None or all zeros")
         positions = torch.arange(seq, device=input_ids.device)
         x = self.embedding_dropout(self.token_embedding(input_ids) + self.position_embedding(positions))
         sdpa_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             sdpa_mask = attention_mask.bool().view(batch, 1, 1, seq)
-        gate_matrix = self.gate_values(budget, gates)
+        per_layer = self.layer_gates(budget, gates)
         for layer, block in enumerate(self.blocks):
-            layer_gates = None if gate_matrix is None else gate_matrix[layer]
-            x = block(x, sdpa_mask, layer_gates)
+            x = block(x, sdpa_mask, None if per_layer is None else per_layer[layer])
         x = self.ln_final(x)
         return self.classifier(self.pool(x, attention_mask))
 
@@ -130,12 +135,31 @@ class EncoderClassifier(nn.Module):
         weights = attention_mask.to(x.dtype).unsqueeze(-1)
         return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
 
-    def set_active_heads(self, counts: list[int]) -> None:
-        """Use the first ``counts[l]`` stored heads of layer l (prefix slicing, no copies)."""
-        if len(counts) != len(self.blocks):
-            raise ValueError(f"expected {len(self.blocks)} head counts, got {counts!r}")
+    # ------------------------------------------------------------------ family hooks
+
+    def _physical_keep(self, positions: list[list[int]]) -> None:
+        for block, layer_positions in zip(self.blocks, positions):
+            block.attn.keep_heads(layer_positions)
+
+    def keep_heads(self, kept: list[list[int]]) -> None:
+        super().keep_heads(kept)
+        self.config = dataclasses.replace(self.config, heads_per_layer=self.heads_per_layer, head_ids=self.head_ids)
+
+    def _set_active(self, counts: list[int]) -> None:
         for block, count in zip(self.blocks, counts):
             block.attn.set_active_heads(count)
 
-    def active_heads(self) -> list[int]:
-        return [block.attn.active_heads for block in self.blocks]
+    def cost_model(self, seq_len: int) -> CostModel:
+        return CostModel(self.config.unpruned(), seq_len)
+
+    def plain_reference(self) -> nn.Module:
+        from budgeted_attention.benchmark.reference import PlainEncoder  # noqa: PLC0415
+
+        return PlainEncoder(self)
+
+    def describe(self) -> dict:
+        return {"model_config": json.loads(self.config.to_json())}
+
+    @classmethod
+    def from_description(cls, description: dict) -> EncoderClassifier:
+        return cls(ModelConfig.from_json_dict(description["model_config"]))

@@ -1,8 +1,8 @@
-"""Instant budget switching over one weight layout sorted by importance.
+"""Instant budget switching over one weight layout sorted by importance, for every model family.
 
 Because kept sets are nested, the heads kept at any budget are a prefix of every layer in the
-sorted layout, so switching budget only changes how many heads each layer slices:
-``qkv_weight[: n * 3 * head_dim]`` and ``out_weight_t[: n * head_dim]`` are views, not copies.
+sorted layout, so switching budget only changes how many heads each layer slices (views of the
+weights, not copies).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from budgeted_attention.budget import validate_budget
-from budgeted_attention.model.transformer import EncoderClassifier
+from budgeted_attention.model.family import GatedModel
 from budgeted_attention.pruning.selection import HeadRanking
-from budgeted_attention.pruning.surgery import sort_heads, sorted_ranking
+from budgeted_attention.pruning.surgery import sort_heads
 
 
 class SlicedModel(nn.Module):
@@ -26,10 +26,10 @@ class SlicedModel(nn.Module):
         logits = served(input_ids)  # runs only the kept heads, without gate code
     """
 
-    def __init__(self, model: EncoderClassifier, ranking: HeadRanking) -> None:
+    def __init__(self, model: GatedModel, ranking: HeadRanking) -> None:
         super().__init__()
         self.model = sort_heads(model, ranking)
-        self.ranking = sorted_ranking(ranking)
+        self.ranking = ranking
         self._counts_cache: dict[float, list[int]] = {}
         self.budget = 1.0
 
@@ -47,5 +47,17 @@ class SlicedModel(nn.Module):
         self.model.set_active_heads(self.counts_for(budget))
         self.budget = float(budget)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids, attention_mask)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        *,
+        budget: float | None = None,
+    ) -> torch.Tensor:
+        """Logits of the active sub-model (hard selection of the current budget).
+
+        ``budget``: soft gates g(b) on top of the active heads, re-indexed to the sorted layout
+        (rarely wanted when serving; the hard selection alone is the pruned model).
+        """
+        return self.model(input_ids, attention_mask, token_type_ids, budget=budget)

@@ -1,18 +1,16 @@
-"""``baa bench RUN_DIR``: latency of the plain dense model vs the pruned models of a run."""
+"""``baa bench RUN_DIR``: latency of the dense references vs the pruned models of a run (any family)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from budgeted_attention.benchmark.config import BenchConfig
-from budgeted_attention.benchmark.runner import bench_markdown, bench_models
-from budgeted_attention.checkpoint import load_model
+from budgeted_attention.benchmark.runner import bench_markdown, bench_ranking
+from budgeted_attention.checkpoint import load_model, load_ranking
 from budgeted_attention.errors import CheckpointError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
-from budgeted_attention.pruning.selection import HeadRanking
 from budgeted_attention.reporting.plots import plot_speedups
 
 
@@ -32,21 +30,6 @@ def find_hard_checkpoint(run_dir: str | Path, seed: int | None) -> Path:
     return candidates[0]
 
 
-def _is_hf_checkpoint(checkpoint: Path) -> bool:
-    from budgeted_attention.hf.bert import HF_FORMAT  # noqa: PLC0415
-
-    try:
-        return json.loads(checkpoint.read_text(encoding="utf-8")).get("format") == HF_FORMAT
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return False
-
-
-def _ranking(checkpoint: Path, description: dict[str, Any]) -> HeadRanking:
-    if "ranking" not in description:
-        raise CheckpointError(f"'{checkpoint}' has no head ranking (not a budgeted-hard checkpoint)")
-    return HeadRanking.from_dict(description["ranking"])
-
-
 def run_bench(
     run_dir: str | Path,
     *,
@@ -58,25 +41,23 @@ def run_bench(
     rounds: int,
     min_run_time: float,
     json_path: str | None,
+    lengths: bool = False,
     progress: bool = True,
     log=print,
 ) -> dict[str, Any]:
+    """Bench the budgeted-hard checkpoint of a run (any model family) and write JSON/MD/PNG."""
     checkpoint = find_hard_checkpoint(run_dir, seed)
-    cfg = BenchConfig(budgets=budgets, batch_sizes=batch_sizes, seq_lens=seq_lens, threads=threads, rounds=rounds, min_run_time=min_run_time)
-    if _is_hf_checkpoint(checkpoint):
-        # A pretrained BERT-family run: the reference is the unmodified transformers model.
-        from budgeted_attention.hf.bench import bench_bert  # noqa: PLC0415
-        from budgeted_attention.hf.bert import load_saved_gated_bert  # noqa: PLC0415
-
-        model, description = load_saved_gated_bert(checkpoint)
-        ranking = _ranking(checkpoint, description)
-        result = bench_bert(model, ranking, dataclasses.replace(cfg, include_sliced=False), progress=progress)
-    else:
-        model, description = load_model(checkpoint)
-        ranking = _ranking(checkpoint, description)
-        result = bench_models(model, ranking, cfg, progress=progress)
-    result["checkpoint"] = str(checkpoint)
+    cfg = BenchConfig(budgets=budgets, batch_sizes=batch_sizes, seq_lens=seq_lens, threads=threads, rounds=rounds, min_run_time=min_run_time, lengths=lengths)
+    model, description = load_model(checkpoint)
+    ranking = load_ranking(checkpoint, description, model)
     out_dir = checkpoint.parent.parent.parent if Path(run_dir).is_dir() else checkpoint.parent
+    token_lengths = _run_lengths(out_dir) if lengths else None
+    low_id = 1000 if model.family == "bert" else 0
+    pad_id = getattr(getattr(model, "config", None), "pad_id", 0)
+    if model.family == "bert":
+        pad_id = int(model.hf.config.pad_token_id or 0)
+    result = bench_ranking(model, ranking, cfg, lengths=token_lengths, pad_id=pad_id, low_id=low_id, progress=progress)
+    result["checkpoint"] = str(checkpoint)
     json_file = Path(json_path) if json_path else out_dir / "bench.json"
     write_json_atomic(json_file, result)
     table = bench_markdown(result)
@@ -85,3 +66,15 @@ def run_bench(
     log(table)
     log(f"wrote {json_file}, {json_file.with_suffix('.md')}, {json_file.with_suffix('.png')}")
     return result
+
+
+def _run_lengths(run_dir: Path) -> list[int]:
+    """Real token counts of the run's training split, recorded by the pipeline."""
+    path = run_dir / "lengths.json"
+    try:
+        lengths = json.loads(path.read_text(encoding="utf-8"))["lengths"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"--lengths needs the run's lengths.json ('{path}'): {exc}") from exc
+    if not lengths or not all(isinstance(n, int) and n > 0 for n in lengths):
+        raise CheckpointError(f"'{path}' holds no valid token lengths")
+    return lengths

@@ -1,15 +1,26 @@
-"""``baa experiment CONFIG.yaml``: method x budget x seed on one data set, resumable.
+"""The one pipeline: method x budget x seed on one data set, resumable. ``baa experiment`` and
+``baa demo`` (an embedded experiment config) both run it.
 
-Methods (the ``method`` values of ``results.json``):
+Methods (the ``method`` values of ``results.json``; every row records ``steps``, the optimiser
+steps from initialisation that produced it, and ``cost_kind``):
 
-* ``dense``: full attention (fine-tuned to convergence; the warm start of the others);
-* ``budgeted``: the one budgeted checkpoint with soft gates, evaluated at every budget;
-* ``budgeted-hard``: the same checkpoint after hard-gate adaptation, hard masks (= pruned model);
-* ``static``: per-budget specialists, gates trained at one fixed budget from the dense model
-  (soft gates, evaluated at that budget);
+* ``dense``: full attention, the warm start of the others (early-stopped on validation
+  accuracy when ``train.early_stopping_patience`` > 0);
+* ``dense-long``: the dense model trained on for as many steps as the budgeted path adds
+  (budgeted + hard), the equal-steps control for any "beats dense" claim;
+* ``budgeted``: the one budgeted checkpoint with soft gates at every budget (cost: soft estimate);
+* ``budgeted-hard``: the same checkpoint after hard-gate adaptation, hard masks = pruned models;
+* ``budgeted-scratch``: the budgeted stage from a random init for the same total steps (ablation);
+* ``static``: a specialist per budget: gates trained at that one budget from the dense model,
+  its own top-k heads, the same hard adaptation, structurally pruned, with measured speed;
+  ``static-soft`` is the same specialist before hard adaptation (soft estimate);
 * ``posthoc``: zero-shot structural pruning of the dense model, heads ranked on the validation
   split (gradient of a head mask, Michel et al. 2019; or leave-one-out), no retraining;
-* ``posthoc-recovered``: the same plus one recovery epoch per budget with the mask fixed.
+* ``posthoc-recovered``: the same plus as many recovery steps as the budgeted path adds after
+  the dense model; ``posthoc-recovered-1ep``: one recovery epoch (the paper's variant).
+
+Choices never see the test split: it is sealed (:class:`budgeted_attention.data.dataset.SealedSplit`)
+and read only in the final evaluation of each finished model.
 
 Resumability: the work is cut into units (one per seed and method, and per budget for the
 per-budget methods). Each finished unit leaves ``units/seed<N>/<unit>.json`` (written
@@ -24,33 +35,51 @@ import dataclasses
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from budgeted_attention.benchmark.config import BenchConfig
-from budgeted_attention.budget import validate_budget
-from budgeted_attention.config import apply_overrides, deep_merge, from_dict, load_yaml, to_dict
+from budgeted_attention.benchmark.runner import bench_markdown, bench_models, bench_ranking
+from budgeted_attention.checkpoint import load_model, load_ranking, save_model
+from budgeted_attention.config import (
+    apply_overrides,
+    check_budgets,
+    deep_merge,
+    from_dict,
+    load_yaml,
+    to_dict,
+    validate_run_name,
+    validate_seeds,
+)
 from budgeted_attention.data.dataset import TensorSplits
 from budgeted_attention.data.synthetic import SyntheticConfig, make_synthetic_splits
 from budgeted_attention.data.text import TextDataConfig, make_text_splits
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
 from budgeted_attention.model.config import ModelConfig
+from budgeted_attention.model.cost import estimated_cost
+from budgeted_attention.model.family import GatedModel
 from budgeted_attention.pruning.importance import gradient_importance, leave_one_out_importance
 from budgeted_attention.pruning.selection import HeadRanking
-from budgeted_attention.recipes.common import attach_latency, sweep_hard, sweep_soft
-from budgeted_attention.recipes.families import PretrainedConfig, make_family
+from budgeted_attention.recipes.families import PretrainedConfig, make_builder
 from budgeted_attention.recipes.rundir import init_run_dir
-from budgeted_attention.reporting.plots import plot_accuracy_vs_budget, plot_accuracy_vs_speedup
+from budgeted_attention.reporting.plots import plot_accuracy_vs_budget, plot_accuracy_vs_cost, plot_accuracy_vs_speedup, plot_speedups
 from budgeted_attention.reporting.results import write_results
+from budgeted_attention.reporting.rows import ResultRow
+from budgeted_attention.reporting.summary import headline, headline_markdown
 from budgeted_attention.training.config import TrainConfig
 from budgeted_attention.training.evaluate import evaluate_accuracy
 from budgeted_attention.training.stages import seed_everything, train_budgeted, train_dense, train_hard, train_masked
 
-ALL_METHODS = ["dense", "budgeted", "budgeted-hard", "static", "posthoc", "posthoc-recovered"]
+ALL_METHODS = [
+    "dense", "dense-long", "budgeted", "budgeted-hard", "budgeted-scratch",
+    "static", "static-soft", "posthoc", "posthoc-recovered", "posthoc-recovered-1ep",
+]
 
 
 @dataclass
@@ -59,7 +88,7 @@ class ExperimentConfig:
 
     name: str = "experiment"
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    methods: list[str] = field(default_factory=lambda: list(ALL_METHODS))
+    methods: list[str] = field(default_factory=lambda: ["dense", "dense-long", "budgeted", "budgeted-hard", "static", "static-soft", "posthoc", "posthoc-recovered", "posthoc-recovered-1ep"])
     budgets: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
     static_budgets: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
     posthoc_importance: str = "gradient"
@@ -73,27 +102,41 @@ class ExperimentConfig:
     bench: BenchConfig = field(default_factory=lambda: BenchConfig(budgets=[], batch_sizes=[1], seq_lens=[], rounds=5, min_run_time=0.2))
 
     def __post_init__(self) -> None:
+        self.name = validate_run_name(self.name)
+        self.seeds = validate_seeds(self.seeds)
         unknown = [m for m in self.methods if m not in ALL_METHODS]
         if unknown:
             raise ConfigError(f"unknown method {unknown[0]!r} (known: {', '.join(ALL_METHODS)})")
-        if not self.seeds:
-            raise ConfigError("seeds must list at least one seed")
+        if not self.methods:
+            raise ConfigError("methods must list at least one method")
         if self.posthoc_importance not in ("gradient", "leave-one-out"):
             raise ConfigError(f"posthoc_importance must be 'gradient' or 'leave-one-out', got {self.posthoc_importance!r}")
-        try:
-            self.budgets = [validate_budget(b) for b in self.budgets]
-            self.static_budgets = [validate_budget(b) for b in self.static_budgets]
-        except ValueError as exc:
-            raise ConfigError(f"invalid budget in config: {exc}") from exc
+        if self.model_family not in ("encoder", "bert"):
+            raise ConfigError(f"model_family must be 'encoder' or 'bert', got {self.model_family!r}")
+        self.budgets = check_budgets(self.budgets, "budgets")
+        self.static_budgets = check_budgets(self.static_budgets, "static_budgets", allow_empty=True)
+        if {"static", "static-soft"} & set(self.methods) and not self.static_budgets:
+            raise ConfigError("static_budgets must list at least one budget when a static method is run")
+
+    @property
+    def path_steps(self) -> int:
+        """Steps the budgeted path adds after the dense model (budgeted + hard stages)."""
+        return self.train.budgeted_steps + self.train.hard_steps
+
+
+def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -> ExperimentConfig:
+    """Defaults, then ``data`` (a parsed YAML mapping), then ``key=value`` overrides."""
+    base = to_dict(ExperimentConfig())
+    base["model"]["head_dim"] = 0
+    base["model"]["heads_per_layer"] = []
+    base["model"]["head_ids"] = []
+    merged = apply_overrides(deep_merge(base, data), overrides or [])
+    return from_dict(ExperimentConfig, merged, "experiment")
 
 
 def load_experiment_config(path: str, overrides: list[str] | None = None) -> ExperimentConfig:
     """Defaults, then the YAML file, then ``key=value`` overrides."""
-    base = to_dict(ExperimentConfig())
-    base["model"]["head_dim"] = 0
-    base["model"]["heads_per_layer"] = []
-    merged = apply_overrides(deep_merge(base, load_yaml(path)), overrides or [])
-    return from_dict(ExperimentConfig, merged, "experiment")
+    return config_from_dict(load_yaml(path), overrides)
 
 
 def make_splits(cfg: ExperimentConfig, out: Path, pretrained_tokenizer=None) -> TensorSplits:
@@ -103,30 +146,44 @@ def make_splits(cfg: ExperimentConfig, out: Path, pretrained_tokenizer=None) -> 
     return splits
 
 
+def evaluate_model(model: GatedModel, splits: TensorSplits, batch: int, **gating: Any) -> tuple[float, float]:
+    """(validation accuracy, test accuracy) of a finished model; the only place the test split is read."""
+    val = evaluate_accuracy(model, splits.val, batch, **gating)
+    with splits.final_evaluation() as test:
+        accuracy = evaluate_accuracy(model, test, batch, **gating)
+    return val, accuracy
+
+
 class Experiment:
     """Runs the units of an :class:`ExperimentConfig` into a run directory, skipping finished ones."""
 
     def __init__(self, cfg: ExperimentConfig, out_dir: str | Path, progress: bool = True, log=print) -> None:
         self.cfg, self.out, self.progress, self.log = cfg, Path(out_dir), progress, log
+        self._check_resumable()
+        # Everything that can fail on a config or data mistake runs before the run directory is
+        # stamped, so a failed start can be rerun into the same --out after the fix.
+        self.builder = make_builder(cfg.model_family, cfg.model, cfg.pretrained)
         self.out.mkdir(parents=True, exist_ok=True)
-        self._check_same_config()
-        init_run_dir(self.out, to_dict(cfg), cfg.seeds)
-        self.family = make_family(cfg.model_family, cfg.model, cfg.pretrained)
-        self.splits = make_splits(cfg, self.out, self.family.pretrained_tokenizer())
-        self.family.prepare(self.splits)
-        self.n_layers, self.n_heads = self.family.shape
-        self.head_costs = self.family.cost(self.splits.seq_len).head_costs()
+        self.splits = make_splits(cfg, self.out, self.builder.pretrained_tokenizer())
+        self.builder.prepare(self.splits)
         self.eval_batch = cfg.train.eval_batch_size
+        self._stamp_config()
+        init_run_dir(self.out, to_dict(cfg), cfg.seeds)
+        write_json_atomic(self.out / "lengths.json", {"split": "train", "lengths": self.splits.train.lengths()})
 
     # ---------------------------------------------------------------- bookkeeping
 
-    def _check_same_config(self) -> None:
+    def _digest(self) -> str:
+        return hashlib.sha256(json.dumps(to_dict(self.cfg), sort_keys=True).encode()).hexdigest()
+
+    def _check_resumable(self) -> None:
         """Refuse to resume a run directory made with a different configuration."""
-        digest = hashlib.sha256(json.dumps(to_dict(self.cfg), sort_keys=True).encode()).hexdigest()
         stamp = self.out / "config.sha256"
-        if stamp.exists() and stamp.read_text().strip() != digest:
+        if stamp.is_file() and stamp.read_text().strip() != self._digest():
             raise ConfigError(f"'{self.out}' holds a run with a different configuration; use another --out")
-        write_text_atomic(stamp, digest + "\n")
+
+    def _stamp_config(self) -> None:
+        write_text_atomic(self.out / "config.sha256", self._digest() + "\n")
 
     def _unit_path(self, seed: int, unit: str) -> Path:
         return self.out / "units" / f"seed{seed}" / f"{unit}.json"
@@ -134,122 +191,208 @@ class Experiment:
     def _ckpt(self, seed: int, name: str) -> Path:
         return self.out / "checkpoints" / f"seed{seed}" / name
 
-    def _unit(self, seed: int, unit: str, index: int, work) -> list[dict[str, Any]]:
-        """Run ``work()`` unless the unit is finished; returns its rows."""
+    def _unit(self, seed: int, unit: str, index: int, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run ``work()`` unless the unit is finished; returns its record (``rows`` and extras)."""
         path = self._unit_path(seed, unit)
         if path.exists():
-            return json.loads(path.read_text())["rows"]
+            return json.loads(path.read_text())
         seed_everything(1000 * seed + index)
         started = time.time()
-        rows = work()
-        write_json_atomic(path, {"rows": rows, "seconds": time.time() - started})
+        record = work()
+        record["rows"] = [r.to_dict() if isinstance(r, ResultRow) else r for r in record.get("rows", [])]
+        record["seconds"] = time.time() - started
+        write_json_atomic(path, record)
+        return record
+
+    def _load(self, seed: int, name: str) -> tuple[GatedModel, dict[str, Any]]:
+        return load_model(self._ckpt(seed, name))
+
+    def _steps_of(self, seed: int, name: str) -> int:
+        return int(self._load_description(seed, name).get("steps", 0))
+
+    def _load_description(self, seed: int, name: str) -> dict[str, Any]:
+        from budgeted_attention.checkpoint import read_description  # noqa: PLC0415
+
+        return read_description(self._ckpt(seed, name))
+
+    def _head_costs(self, model: GatedModel) -> torch.Tensor:
+        return model.cost_model(self.splits.seq_len).head_costs()
+
+    def _bench_seq(self) -> int:
+        return (self.cfg.bench.seq_lens or [self.splits.seq_len])[0]
+
+    # ---------------------------------------------------------------- rows
+
+    def _dense_row(self, method: str, model: GatedModel, seed: int, steps: int) -> ResultRow:
+        val, acc = evaluate_model(model, self.splits, self.eval_batch)
+        return ResultRow(method=method, budget=1.0, seed=seed, accuracy=acc, val_accuracy=val, cost=1.0, cost_kind="dense",
+                         steps=steps, heads_kept=model.n_layers * model.n_heads, heads_per_layer=model.heads_per_layer)
+
+    def _soft_rows(self, method: str, model: GatedModel, seed: int, steps: int, budgets: list[float]) -> list[ResultRow]:
+        head_costs = self._head_costs(model)
+        rows = []
+        with torch.no_grad():
+            for b in budgets:
+                gates = model.gates(b)
+                val, acc = evaluate_model(model, self.splits, self.eval_batch, budget=b)
+                rows.append(ResultRow(
+                    method=method, budget=b, seed=seed, accuracy=acc, val_accuracy=val,
+                    cost=float(estimated_cost(gates, head_costs)), cost_kind="soft-estimate", steps=steps,
+                    layer_gates=[round(float(g), 4) for g in gates.mean(dim=1)],
+                    gates=[[round(float(v), 4) for v in layer] for layer in gates],
+                ))
         return rows
 
-    def _load(self, seed: int, name: str):
-        model, _ = self.family.load(self._ckpt(seed, name))
-        return model
+    def _hard_rows(self, method: str, model: GatedModel, seed: int, steps: int, kept_by_budget: dict[float, list[list[int]]]) -> list[ResultRow]:
+        """Rows of hard masks (= the pruned models): cost is the kept heads' share of attention FLOPs."""
+        head_costs = self._head_costs(model)
+        cost = model.cost_model(self._bench_seq())
+        rows = []
+        for b, kept in kept_by_budget.items():
+            mask = torch.zeros(model.n_layers, model.n_heads)
+            for layer, heads in enumerate(kept):
+                mask[layer, heads] = 1.0
+            val, acc = evaluate_model(model, self.splits, self.eval_batch, gates=mask)
+            heads = [len(h) for h in kept]
+            rows.append(ResultRow(
+                method=method, budget=b, seed=seed, accuracy=acc, val_accuracy=val,
+                cost=float(estimated_cost(mask, head_costs)), cost_kind="kept-heads", steps=steps,
+                heads_kept=sum(heads), heads_per_layer=heads, ideal_speedup=cost.ideal_speedup(heads),
+            ))
+        return rows
+
+    def _ranking_kept(self, ranking: HeadRanking, budgets: list[float]) -> dict[float, list[list[int]]]:
+        return {b: ranking.kept_heads(b) for b in budgets}
 
     # ---------------------------------------------------------------- methods
 
-    def _dense(self, seed: int) -> list[dict[str, Any]]:
-        model = self.family.create()
-        train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress)
-        self.family.save(model, self._ckpt(seed, "dense"), method="dense", seed=seed)
-        accuracy = evaluate_accuracy(model, self.splits.test, self.eval_batch)
-        return [{"method": "dense", "budget": 1.0, "seed": seed, "accuracy": accuracy, "estimated_cost": 1.0,
-                 "heads_kept": self.n_layers * self.n_heads, "speedup": 1.0, "ideal_speedup": 1.0}]
+    def _dense(self, seed: int) -> dict[str, Any]:
+        model = self.builder.create()
+        log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, val=self.splits.val)
+        save_model(model, self._ckpt(seed, "dense"), method="dense", seed=seed, steps=log.steps)
+        return {"rows": [self._dense_row("dense", model, seed, log.steps)], "steps_run": log.steps_run, "val_history": log.val_history}
 
-    def _budgeted(self, seed: int) -> list[dict[str, Any]]:
-        dense = self._load(seed, "dense")
+    def _dense_long(self, seed: int) -> dict[str, Any]:
+        model, description = self._load(seed, "dense")
+        extra = self.cfg.path_steps
+        log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, steps=extra, desc="dense-long")
+        return {"rows": [self._dense_row("dense-long", model, seed, int(description["steps"]) + log.steps)]}
+
+    def _budgeted(self, seed: int) -> dict[str, Any]:
+        dense, description = self._load(seed, "dense")
         model = copy.deepcopy(dense)
-        train_budgeted(model, self.splits.train, self.cfg.train, self.head_costs, seed=seed, teacher=dense, progress=self.progress)
-        self.family.save(model, self._ckpt(seed, "budgeted"), method="budgeted", seed=seed)
-        return sweep_soft(model, self.splits, self.cfg.budgets, self.head_costs, "budgeted", seed, self.eval_batch)
+        log = train_budgeted(model, self.splits.train, self.cfg.train, self._head_costs(model), seed=seed, teacher=dense, progress=self.progress)
+        steps = int(description["steps"]) + log.steps
+        save_model(model, self._ckpt(seed, "budgeted"), method="budgeted", seed=seed, steps=steps)
+        return {"rows": self._soft_rows("budgeted", model, seed, steps, self.cfg.budgets)}
 
-    def _hard(self, seed: int) -> list[dict[str, Any]]:
-        model = self._load(seed, "budgeted")
+    def _scratch(self, seed: int) -> dict[str, Any]:
+        model = self.builder.create()
+        steps = self.cfg.train.effective_scratch_steps
+        log = train_budgeted(model, self.splits.train, self.cfg.train, self._head_costs(model), seed=seed, steps=steps, desc="scratch", progress=self.progress)
+        return {"rows": self._soft_rows("budgeted-scratch", model, seed, log.steps, self.cfg.budgets)}
+
+    def _hard(self, seed: int) -> dict[str, Any]:
+        model, description = self._load(seed, "budgeted")
         ranking = HeadRanking.from_scores(model.gates.importance(), self.cfg.min_one_per_layer)
-        before = {r["budget"]: r["accuracy"] for r in sweep_hard(model, self.splits, self.cfg.budgets, ranking, seed, self.eval_batch)}
-        train_hard(model, self.splits.train, self.cfg.train, ranking, seed=seed, progress=self.progress)
-        self.family.save(model, self._ckpt(seed, "budgeted-hard"), method="budgeted-hard", seed=seed, ranking=ranking.to_dict())
-        rows = sweep_hard(model, self.splits, self.cfg.budgets, ranking, seed, self.eval_batch)
+        kept = self._ranking_kept(ranking, self.cfg.budgets)
+        before = {r.budget: r for r in self._hard_rows("before", model, seed, 0, kept)}
+        log = train_hard(model, self.splits.train, self.cfg.train, ranking, seed=seed, progress=self.progress)
+        steps = int(description["steps"]) + log.steps
+        save_model(model, self._ckpt(seed, "budgeted-hard"), method="budgeted-hard", seed=seed, steps=steps, ranking=ranking.to_dict())
+        rows = self._hard_rows("budgeted-hard", model, seed, steps, kept)
         for row in rows:
-            row["accuracy_before_adaptation"] = before[row["budget"]]
-        self._add_ideal(rows)
-        return rows
+            row.accuracy_before_adaptation = before[row.budget].accuracy
+            row.val_accuracy_before_adaptation = before[row.budget].val_accuracy
+        return {"rows": rows}
 
-    def _static(self, seed: int, budget: float) -> list[dict[str, Any]]:
-        dense = self._load(seed, "dense")
+    def _bench_cfg(self, budgets: list[float]) -> BenchConfig:
+        return dataclasses.replace(self.cfg.bench, budgets=budgets, seq_lens=[self._bench_seq()], batch_sizes=self.cfg.bench.batch_sizes)
+
+    def _bench_kwargs(self) -> dict[str, Any]:
+        lengths = self.splits.train.lengths() if self.cfg.bench.lengths else None
+        return {"lengths": lengths, "pad_id": self.splits.pad_id, "low_id": self.builder.bench_low_id(), "progress": self.progress}
+
+    def _bench(self, seed: int) -> dict[str, Any]:
+        model, description = self._load(seed, "budgeted-hard")
+        ranking = load_ranking(self._ckpt(seed, "budgeted-hard"), description, model)
+        budgets = self.cfg.bench.budgets or [b for b in self.cfg.budgets if b < 1.0]
+        return {"bench": bench_ranking(model, ranking, self._bench_cfg(budgets), **self._bench_kwargs())}
+
+    def _static(self, seed: int, budget: float) -> dict[str, Any]:
+        """A specialist for one budget: soft gates at b only, its own top-k, hard adaptation, pruned and timed."""
+        dense, description = self._load(seed, "dense")
         model = copy.deepcopy(dense)
-        fixed = dataclasses.replace(self.cfg.train, budget_min=budget, budget_max=budget)
-        train_budgeted(model, self.splits.train, fixed, self.head_costs, seed=seed, teacher=dense, desc=f"static b={budget}", progress=self.progress)
-        rows = sweep_soft(model, self.splits, [budget], self.head_costs, "static", seed, self.eval_batch)
-        return rows
+        fixed = dataclasses.replace(self.cfg.train, budget_min=budget, budget_max=budget, full_budget_prob=0.0)
+        log = train_budgeted(model, self.splits.train, fixed, self._head_costs(model), seed=seed, teacher=dense, desc=f"static b={budget}", progress=self.progress)
+        soft_steps = int(description["steps"]) + log.steps
+        rows = self._soft_rows("static-soft", model, seed, soft_steps, [budget])
+        ranking = HeadRanking.from_scores(model.gates(budget), self.cfg.min_one_per_layer)
+        hard_log = train_hard(model, self.splits.train, fixed, ranking, seed=seed, budgets=(budget, budget), desc=f"static-hard b={budget}", progress=self.progress)
+        kept = {budget: ranking.kept_heads(budget)}
+        hard_rows = self._hard_rows("static", model, seed, soft_steps + hard_log.steps, kept)
+        bench = bench_models(model, kept, dataclasses.replace(self._bench_cfg([budget]), include_sliced=False), **self._bench_kwargs())
+        hard_rows[0].attach_speed(bench["rows"][0])
+        return {"rows": rows + hard_rows, "bench": bench}
 
     def _posthoc_ranking(self, seed: int) -> HeadRanking:
         path = self.out / "units" / f"seed{seed}" / "posthoc-ranking.json"
         if path.exists():
             return HeadRanking.from_dict(json.loads(path.read_text()))
-        dense = self._load(seed, "dense")
+        dense, _ = self._load(seed, "dense")
+        # Importance on the validation split (never test), as in Michel et al. (2019).
         if self.cfg.posthoc_importance == "gradient":
-            scores = gradient_importance(dense, self.splits.val, self.n_layers, self.n_heads)
+            scores = gradient_importance(dense, self.splits.val, dense.n_layers, dense.n_heads)
         else:
-            scores = leave_one_out_importance(dense, self.splits.val, self.n_layers, self.n_heads)
+            scores = leave_one_out_importance(dense, self.splits.val, dense.n_layers, dense.n_heads)
         ranking = HeadRanking.from_scores(scores, self.cfg.min_one_per_layer)
         write_json_atomic(path, {**ranking.to_dict(), "scores": scores.tolist(), "importance": self.cfg.posthoc_importance})
         return ranking
 
-    def _posthoc(self, seed: int) -> list[dict[str, Any]]:
-        dense = self._load(seed, "dense")
-        rows = sweep_hard(dense, self.splits, self.cfg.budgets, self._posthoc_ranking(seed), seed, self.eval_batch, method="posthoc")
-        self._add_ideal(rows)
-        return rows
+    def _posthoc(self, seed: int) -> dict[str, Any]:
+        dense, description = self._load(seed, "dense")
+        kept = self._ranking_kept(self._posthoc_ranking(seed), self.cfg.budgets)
+        return {"rows": self._hard_rows("posthoc", dense, seed, int(description["steps"]), kept)}
 
-    def _recovered(self, seed: int, budget: float) -> list[dict[str, Any]]:
-        model = self._load(seed, "dense")
+    def _recovered(self, seed: int, budget: float, method: str) -> dict[str, Any]:
+        model, description = self._load(seed, "dense")
         ranking = self._posthoc_ranking(seed)
-        steps = self.cfg.train.recovery_steps or self.cfg.train.epoch_steps(len(self.splits.train))
-        train_masked(model, self.splits.train, self.cfg.train, ranking.mask(budget), steps=steps, seed=seed, desc=f"recover b={budget}", progress=self.progress)
-        rows = sweep_hard(model, self.splits, [budget], ranking, seed, self.eval_batch, method="posthoc-recovered")
-        self._add_ideal(rows)
-        return rows
-
-    def _bench(self, seed: int) -> list[dict[str, Any]]:
-        model, description = self.family.load(self._ckpt(seed, "budgeted-hard"))
-        ranking = HeadRanking.from_dict(description["ranking"])
-        budgets = self.cfg.bench.budgets or [b for b in self.cfg.budgets if b < 1.0]
-        seq_lens = self.cfg.bench.seq_lens or [self.splits.seq_len]
-        bench_cfg = dataclasses.replace(self.cfg.bench, budgets=budgets, seq_lens=seq_lens[:1], batch_sizes=self.cfg.bench.batch_sizes[:1])
-        result = self.family.bench(model, ranking, bench_cfg, self.progress)
-        return result["rows"]
-
-    def _add_ideal(self, rows: list[dict[str, Any]]) -> None:
-        cost = self.family.cost(self.splits.seq_len)
-        for row in rows:
-            row["ideal_speedup"] = cost.ideal_speedup(row["heads_per_layer"])
+        if method == "posthoc-recovered":
+            steps = self.cfg.train.recovery_steps or self.cfg.path_steps
+        else:
+            steps = self.cfg.train.epoch_steps(len(self.splits.train))
+        log = train_masked(model, self.splits.train, self.cfg.train, ranking.mask(budget), steps=steps, seed=seed, desc=f"{method} b={budget}", progress=self.progress)
+        kept = {budget: ranking.kept_heads(budget)}
+        return {"rows": self._hard_rows(method, model, seed, int(description["steps"]) + log.steps, kept)}
 
     # ---------------------------------------------------------------- driver
 
-    def plan(self) -> list[tuple[int, str, Any]]:
+    def plan(self) -> list[tuple[int, str, Callable[[], dict[str, Any]]]]:
         """(seed, unit name, callable) in execution order."""
         methods = set(self.cfg.methods)
         needs_budgeted = bool(methods & {"budgeted", "budgeted-hard"})
-        units: list[tuple[int, str, Any]] = []
+        sub_one = [b for b in self.cfg.budgets if b < 1.0]
+        units: list[tuple[int, str, Callable[[], dict[str, Any]]]] = []
         for seed in self.cfg.seeds:
             units.append((seed, "dense", lambda s=seed: self._dense(s)))
+            if "dense-long" in methods:
+                units.append((seed, "dense-long", lambda s=seed: self._dense_long(s)))
             if needs_budgeted:
                 units.append((seed, "budgeted", lambda s=seed: self._budgeted(s)))
             if "budgeted-hard" in methods:
                 units.append((seed, "budgeted-hard", lambda s=seed: self._hard(s)))
                 units.append((seed, "bench", lambda s=seed: self._bench(s)))
-            if "static" in methods:
+            if "budgeted-scratch" in methods:
+                units.append((seed, "budgeted-scratch", lambda s=seed: self._scratch(s)))
+            if methods & {"static", "static-soft"}:
                 for b in self.cfg.static_budgets:
                     units.append((seed, f"static-b{b}", lambda s=seed, b=b: self._static(s, b)))
             if "posthoc" in methods:
                 units.append((seed, "posthoc", lambda s=seed: self._posthoc(s)))
-            if "posthoc-recovered" in methods:
-                for b in [b for b in self.cfg.budgets if b < 1.0]:
-                    units.append((seed, f"posthoc-recovered-b{b}", lambda s=seed, b=b: self._recovered(s, b)))
+            for method in ("posthoc-recovered", "posthoc-recovered-1ep"):
+                if method in methods:
+                    for b in sub_one:
+                        units.append((seed, f"{method}-b{b}", lambda s=seed, b=b, m=method: self._recovered(s, b, m)))
         return units
 
     def run(self) -> dict[str, Any]:
@@ -259,32 +402,56 @@ class Experiment:
         if done:
             self.log(f"resuming: {done} of {len(units)} units already finished in {self.out}")
         rows: list[dict[str, Any]] = []
-        bench_rows: dict[int, list[dict[str, Any]]] = {}
+        benches: dict[int, dict[str, Any]] = {}
         bar = tqdm(units, desc=self.cfg.name, disable=not self.progress)
         for index, (seed, name, work) in enumerate(bar):
             bar.set_postfix(unit=f"seed{seed}/{name}")
-            unit_rows = self._unit(seed, name, index, work)
+            record = self._unit(seed, name, index, work)
+            rows += record.get("rows", [])
             if name == "bench":
-                bench_rows[seed] = unit_rows
-            else:
-                rows += unit_rows
-        for seed, brows in bench_rows.items():
-            attach_latency(rows, {"rows": brows}, seed)
+                benches[seed] = record["bench"]
+        self._attach_bench(rows, benches)
         rows = [r for r in rows if r["method"] in self.cfg.methods]
+        return self._write_outputs(rows, benches, time.time() - started)
+
+    def _attach_bench(self, rows: list[dict[str, Any]], benches: dict[int, dict[str, Any]]) -> None:
+        """Measured speed of the first benchmark setting onto each seed's budgeted-hard rows."""
+        for seed, bench in benches.items():
+            first = {}
+            for r in bench["rows"]:
+                first.setdefault(r["budget"], r)
+            for row in rows:
+                if row["method"] == "budgeted-hard" and row["seed"] == seed and row["budget"] in first:
+                    record = ResultRow(**{k: v for k, v in row.items() if k in ResultRow.__dataclass_fields__})
+                    record.attach_speed(first[row["budget"]])
+                    row.update(record.to_dict())
+
+    def _write_outputs(self, rows: list[dict[str, Any]], benches: dict[int, dict[str, Any]], seconds: float) -> dict[str, Any]:
         setting = self.cfg.bench
         notes = (
             f"Experiment '{self.cfg.name}' on data source '{self.cfg.data.source}', {len(self.cfg.seeds)} seed(s), mean ± std. "
-            f"Speedups: budgeted-hard pruned models over a plain dense model, batch {setting.batch_sizes[0]}, sequence "
-            f"{(setting.seq_lens or [self.splits.seq_len])[0]}, {setting.threads} thread(s); FLOP-ideal from the cost model.\n"
-            f"Wall time of this invocation: {time.time() - started:.0f} s.\n"
+            f"Accuracy: test split at choices made on validation. Cost kinds: soft-estimate (C(b) of soft gates, no speed), "
+            f"kept-heads (physically pruned). Speedups: pruned models over the plain dense reference (same kernels, no gate code), "
+            f"batch {setting.batch_sizes[0]}, sequence {self._bench_seq()}, {setting.threads} thread(s); FLOP-ideal from the cost model.\n"
+            f"Wall time of this invocation: {seconds:.0f} s.\n"
         )
+        summary = headline(rows)
+        write_json_atomic(self.out / "summary.json", summary)
+        if summary.get("per_seed"):
+            notes += "\n## Headline figures (soft budgeted model, per seed; budgets chosen on validation)\n\n" + headline_markdown(summary)
         table = write_results(self.out, rows, title=f"baa experiment: {self.cfg.name}", notes=notes)
         plot_accuracy_vs_budget(rows, self.out / "accuracy_vs_budget.png", self.cfg.name)
+        plot_accuracy_vs_cost(rows, self.out / "accuracy_vs_cost.png", self.cfg.name)
         plot_accuracy_vs_speedup(rows, self.out / "accuracy_vs_speedup.png", self.cfg.name)
+        if benches:
+            first = benches[min(benches)]
+            write_json_atomic(self.out / "bench.json", first)
+            write_text_atomic(self.out / "bench.md", f"# baa bench (seed {min(benches)}, budgeted-hard)\n\n" + bench_markdown(first))
+            plot_speedups(first["rows"], self.out / "speedup.png")
         self.log(table)
         self.log(notes)
         self.log(f"run directory: {self.out}")
-        return {"rows": rows, "table": table}
+        return {"rows": rows, "table": table, "bench": benches}
 
 
 def run_experiment(config_path: str, out_dir: str | None, overrides: list[str] | None = None, progress: bool = True) -> dict[str, Any]:

@@ -199,7 +199,7 @@ _BENCH_COLUMNS = [
     ("speedup / ideal", "efficiency", ".2f", "", True),
     ("sliced speedup", "sliced_speedup", ".2f", "x", False),
     ("vs plain", "plain_speedup", ".2f", "x", False),
-    ("vs HF", "hf_speedup", ".2f", "x", False),
+    ("vs transformers", "transformers_speedup", ".2f", "x", False),
 ]
 
 

@@ -9,7 +9,7 @@ Two generations of rows are read:
 * old rows carry ``estimated_cost`` (soft rows: the estimate C(b); hard rows: kept-head fraction);
 * new rows add ``val_accuracy`` (validation split, or null), ``cost`` with ``cost_kind``
   (``"soft-estimate"``, ``"kept-heads"`` or ``"dense"``), ``steps`` (optimizer steps from
-  initialisation) and reference speedups such as ``hf_speedup``.
+  initialisation) and reference speedups such as ``transformers_speedup``.
 
 A missing field is an empty cell, never an error.
 """
@@ -34,7 +34,7 @@ METHOD_ORDER = [
 ]
 _MEAN_FIELDS = [
     "accuracy", "val_accuracy", "cost", "estimated_cost", "steps", "accuracy_before_adaptation", "heads_kept",
-    "latency_ms", "speedup", "ideal_speedup", "hf_speedup", "plain_speedup",
+    "latency_ms", "speedup", "ideal_speedup", "transformers_speedup", "plain_speedup",
 ]
 COST_KINDS = ("soft-estimate", "kept-heads", "dense")
 SOFT_MARK = "~"
@@ -140,7 +140,7 @@ def markdown_table(summary: list[dict[str, Any]]) -> str:
     Columns ``vs HF`` / ``vs plain`` (reference speedups) appear only when some row has them; a
     legend line follows the table when some cost is a soft estimate.
     """
-    extra = [(f, label) for f, label in (("hf_speedup", "vs HF"), ("plain_speedup", "vs plain")) if any(f"{f}_mean" in e for e in summary)]
+    extra = [(f, label) for f, label in (("transformers_speedup", "vs transformers"), ("plain_speedup", "vs plain")) if any(f"{f}_mean" in e for e in summary)]
     header = (
         "| method | budget | seeds | steps | val. acc. % | test acc. % | cost | heads kept | "
         "acc. before adapt. % | speedup | FLOP-ideal |" + "".join(f" {label} |" for _, label in extra) + "\n"

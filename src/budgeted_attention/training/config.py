@@ -12,7 +12,11 @@ from budgeted_attention.errors import ConfigError
 class TrainConfig:
     """Hyper-parameters of the three training stages (steps are optimiser steps).
 
-    Budget sampling: each budgeted (and hard) step draws b ~ Uniform[budget_min, budget_max].
+    Budget sampling: each budgeted (and hard) step uses b = 1 with probability
+    ``full_budget_prob`` and otherwise draws b ~ Uniform[budget_min, budget_max].
+    Early stopping of the dense stage: with ``early_stopping_patience`` > 0, validation accuracy
+    is computed every ``eval_every`` steps and training stops after that many evaluations
+    without improvement (``dense_steps`` is then the maximum).
     Budgeted loss: CE + overshoot_weight * relu(C(b) - b + overshoot_margin)
                    + gate_mass_weight * C(b)
                    + polarization_weight * mean(g (1 - g)) + distill_weight * KL(teacher || student).
@@ -38,6 +42,9 @@ class TrainConfig:
     recovery_steps: int = 0
     budget_min: float = 0.1
     budget_max: float = 1.0
+    full_budget_prob: float = 0.1
+    early_stopping_patience: int = 0
+    eval_every: int = 50
     overshoot_weight: float = 5.0
     overshoot_margin: float = 0.01
     gate_mass_weight: float = 0.0
@@ -61,6 +68,9 @@ class TrainConfig:
         self.overshoot_margin = check_float(self.overshoot_margin, "train.overshoot_margin")
         self.budget_min = check_float(self.budget_min, "train.budget_min", gt=0.0, le=1.0)
         self.budget_max = check_float(self.budget_max, "train.budget_max", gt=0.0, le=1.0)
+        self.full_budget_prob = check_float(self.full_budget_prob, "train.full_budget_prob", ge=0.0, le=1.0)
+        check_int(self.early_stopping_patience, "train.early_stopping_patience", ge=0)
+        check_int(self.eval_every, "train.eval_every", ge=1)
         if self.budget_min > self.budget_max:
             raise ConfigError(
                 f"train.budget_min/budget_max must satisfy 0 < min <= max <= 1, "

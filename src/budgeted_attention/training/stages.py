@@ -5,19 +5,23 @@
    estimated cost C(b) exceeding b, optionally distil from the dense teacher. Used both after
    the warm start (method ``budgeted``) and from a random init (ablation ``budgeted-scratch``).
 3. ``train_hard``: hard-gate adaptation. The forward pass uses the hard 0/1 mask of the
-   budget's kept heads (nested ranking fixed before the stage), with a straight-through
-   estimator to the soft gates, and distils from the soft budgeted model at the same budget.
+   budget's kept heads (nested ranking fixed before the stage) and distils from the soft
+   budgeted model at the same budget. The gates are frozen in this stage, so the ranking
+   stored with the checkpoint is still the one its gates define.
 
-Every stage works on any model with the interface ``model(ids, mask, gates=G)`` and a
-``model.gates`` :class:`BudgetGates`, so pretrained encoders reuse it unchanged.
+Every stage works on any :class:`budgeted_attention.model.family.GatedModel`
+(``model(ids, mask, gates=G)`` and ``model.gates``), so every model family reuses it unchanged.
+Each stage returns a :class:`StageLog` with the optimiser steps it ran.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +32,27 @@ from budgeted_attention.data.dataset import Split
 from budgeted_attention.model.cost import estimated_cost
 from budgeted_attention.pruning.selection import HeadRanking
 from budgeted_attention.training.config import TrainConfig
+from budgeted_attention.training.evaluate import evaluate_accuracy
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, random.Random], tuple[torch.Tensor, dict]]
+
+
+@dataclass
+class StageLog:
+    """What a training stage did.
+
+    Attributes:
+        losses: training loss per optimiser step run.
+        steps: optimiser steps that produced the returned weights (with early stopping: the
+            step of the best validation score, whose weights are restored).
+        steps_run: optimiser steps actually run (>= steps).
+        val_history: (step, validation accuracy) at each evaluation (early stopping only).
+    """
+
+    losses: list[float] = field(default_factory=list)
+    steps: int = 0
+    steps_run: int = 0
+    val_history: list[tuple[int, float]] = field(default_factory=list)
 
 
 def seed_everything(seed: int) -> None:
@@ -79,13 +102,20 @@ def run_steps(
     lr: float,
     desc: str,
     progress: bool = True,
-) -> list[float]:
-    """Optimise ``loss_fn`` for ``steps`` AdamW steps over shuffled epochs of ``train``.
+    evaluate: Callable[[nn.Module], float] | None = None,
+    eval_every: int = 0,
+    patience: int = 0,
+) -> StageLog:
+    """Optimise ``loss_fn`` for at most ``steps`` AdamW steps over shuffled epochs of ``train``.
 
-    Returns the per-step loss values (for logging).
+    Early stopping (``evaluate`` given, ``eval_every`` > 0): the score (validation accuracy) is
+    computed every ``eval_every`` steps and at the end; training stops after ``patience``
+    evaluations without improvement (0 = never stops early), and the best weights are restored.
     """
+    log = StageLog()
     if steps == 0:
-        return []
+        return log
+    best_score, best_state, stale = -math.inf, None, 0
     model.train()
     optimizer = torch.optim.AdamW(_param_groups(model, lr, cfg.gate_lr, cfg.weight_decay))
     base_lrs = [group["lr"] for group in optimizer.param_groups]
@@ -112,8 +142,25 @@ def run_steps(
         losses.append(float(loss.detach()))
         if step % 20 == 0:
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", **{k: f"{v:.3f}" for k, v in info.items()})
+        done = step + 1
+        if evaluate is not None and eval_every > 0 and (done % eval_every == 0 or done == steps):
+            score = evaluate(model)
+            model.train()
+            log.val_history.append((done, score))
+            if score > best_score:
+                best_score, best_state, stale, log.steps = score, copy.deepcopy(model.state_dict()), 0, done
+            else:
+                stale += 1
+                if patience and stale >= patience:
+                    break
+    bar.close()
+    log.losses, log.steps_run = losses, len(losses)
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    else:
+        log.steps = log.steps_run
     model.eval()
-    return losses
+    return log
 
 
 def _distill(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -127,13 +174,44 @@ def _distill(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tempera
     ) * (t * t)
 
 
-def train_dense(model: nn.Module, train: Split, cfg: TrainConfig, *, seed: int, progress: bool = True) -> list[float]:
-    """Stage 1: dense training with all gates off (no gate code in the forward pass)."""
+def train_dense(
+    model: nn.Module,
+    train: Split,
+    cfg: TrainConfig,
+    *,
+    seed: int,
+    progress: bool = True,
+    val: Split | None = None,
+    steps: int | None = None,
+    desc: str = "dense",
+) -> StageLog:
+    """Stage 1: dense training with all gates off (no gate code in the forward pass).
+
+    With ``cfg.early_stopping_patience`` > 0 and a validation split, ``cfg.dense_steps`` is the
+    maximum and training stops when validation accuracy stops improving (best weights kept).
+    """
 
     def loss_fn(m, ids, mask, labels, _rng):
         return F.cross_entropy(m(ids, mask), labels), {}
 
-    return run_steps(model, train, cfg.dense_steps, loss_fn, cfg, seed=seed, lr=cfg.lr, desc="dense", progress=progress)
+    early = cfg.early_stopping_patience > 0 and val is not None
+    evaluate = (lambda m: evaluate_accuracy(m, val, cfg.eval_batch_size)) if early else None
+    n_steps = cfg.dense_steps if steps is None else steps
+    return run_steps(
+        model, train, n_steps, loss_fn, cfg, seed=seed, lr=cfg.lr, desc=desc, progress=progress,
+        evaluate=evaluate, eval_every=cfg.eval_every if early else 0, patience=cfg.early_stopping_patience,
+    )
+
+
+def sample_budget(cfg: TrainConfig, rng: random.Random) -> float:
+    """A training budget: exactly 1 with probability ``cfg.full_budget_prob``, else Uniform[min, max].
+
+    Steps at b = 1 train the ungated dense path (g(1) = 1), so the model at b = 1 stays the limit
+    of the model at b -> 1 instead of a cliff the budgeted stage never visits.
+    """
+    if cfg.full_budget_prob > 0 and rng.random() < cfg.full_budget_prob:
+        return 1.0
+    return rng.uniform(cfg.budget_min, cfg.budget_max)
 
 
 def budgeted_loss(
@@ -145,7 +223,7 @@ def budgeted_loss(
     """The budgeted objective at one budget sampled per step (see :class:`TrainConfig`)."""
 
     def loss_fn(m, ids, mask, labels, rng):
-        budget = rng.uniform(cfg.budget_min, cfg.budget_max)
+        budget = sample_budget(cfg, rng)
         gates = m.gates(budget)
         logits = m(ids, mask, gates=gates)
         cost = estimated_cost(gates, head_costs)
@@ -175,7 +253,7 @@ def train_budgeted(
     steps: int | None = None,
     desc: str = "budgeted",
     progress: bool = True,
-) -> list[float]:
+) -> StageLog:
     """Stage 2: budgeted training with soft gates (``teacher``: the frozen dense model, optional)."""
     if teacher is not None:
         teacher = copy.deepcopy(teacher).eval()
@@ -194,31 +272,44 @@ def train_hard(
     *,
     seed: int,
     progress: bool = True,
-) -> list[float]:
-    """Stage 3: hard-gate adaptation with a straight-through estimator and soft-model distillation.
+    budgets: tuple[float, float] | None = None,
+    desc: str = "hard",
+) -> StageLog:
+    """Stage 3: hard-gate adaptation with soft-model distillation; the gates are frozen.
 
-    The forward pass uses ``mask + g - g.detach()``: exactly the hard 0/1 mask of the budget's
-    kept heads, while gradients reach the soft gates. ``ranking`` is fixed for the whole stage
-    (the weights adapt to one nested order, which is then stored with the checkpoint).
+    Each step samples a budget (``budgets`` = (min, max), default the config's range, plus b = 1
+    with ``cfg.full_budget_prob``), runs exactly the ranking's kept heads for it (hard 0/1 mask)
+    and distils from the soft budgeted model at the same budget. ``ranking`` is fixed and the
+    gates do not move, so the ranking derived from the saved gates is the stored one.
     """
     teacher = copy.deepcopy(model).eval()
     for param in teacher.parameters():
         param.requires_grad_(False)
+    low, high = budgets if budgets is not None else (cfg.budget_min, cfg.budget_max)
+    stage_cfg = dataclasses.replace(cfg, budget_min=low, budget_max=high)
+    masks: dict[float, torch.Tensor] = {}
 
     def loss_fn(m, ids, mask, labels, rng):
-        budget = rng.uniform(cfg.budget_min, cfg.budget_max)
-        soft = m.gates(budget)
-        hard = ranking.mask(budget).to(soft.dtype)
-        gates = hard + soft - soft.detach()
-        logits = m(ids, mask, gates=gates)
+        budget = sample_budget(stage_cfg, rng)
+        hard = masks.get(budget)
+        if hard is None:
+            hard = masks.setdefault(budget, ranking.mask(budget))
+        logits = m(ids, mask, gates=hard)
         loss = F.cross_entropy(logits, labels)
         if cfg.distill_weight > 0:
             with torch.no_grad():
-                teacher_logits = teacher(ids, mask, gates=teacher.gates(budget))
+                teacher_logits = teacher(ids, mask, budget=budget)
             loss = loss + cfg.distill_weight * _distill(logits, teacher_logits, cfg.distill_temperature)
         return loss, {"b": budget}
 
-    return run_steps(model, train, cfg.hard_steps, loss_fn, cfg, seed=seed, lr=cfg.hard_lr, desc="hard", progress=progress)
+    frozen = [p for p in model.gates.parameters() if p.requires_grad]
+    for param in frozen:
+        param.requires_grad_(False)
+    try:
+        return run_steps(model, train, cfg.hard_steps, loss_fn, cfg, seed=seed, lr=cfg.hard_lr, desc=desc, progress=progress)
+    finally:
+        for param in frozen:
+            param.requires_grad_(True)
 
 
 def train_masked(
@@ -231,7 +322,7 @@ def train_masked(
     seed: int,
     desc: str = "recover",
     progress: bool = True,
-) -> list[float]:
+) -> StageLog:
     """Fine-tune with a fixed hard head mask (the recovery epoch of the post-hoc baseline).
 
     Gates receive no gradient (the mask is a constant), so only the remaining weights adapt.

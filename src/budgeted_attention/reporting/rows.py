@@ -1,0 +1,92 @@
+"""The typed result record every method of the pipeline produces (one per method, budget, seed).
+
+``results.json`` holds ``{"rows": [asdict(row), ...]}``; reporting reads plain dicts, so old run
+directories (without the newer fields) still render.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+# How a row's ``cost`` was obtained. Only "kept-heads" rows are physically pruned models whose
+# speed can be measured; soft estimates never enter a speed comparison.
+COST_KINDS = ("dense", "soft-estimate", "kept-heads")
+
+
+@dataclass
+class ResultRow:
+    """One evaluated operating point.
+
+    Attributes:
+        method: e.g. ``dense``, ``dense-long``, ``budgeted``, ``budgeted-hard``, ``static``.
+        budget: requested budget b in (0, 1].
+        seed: training seed.
+        accuracy: test accuracy in [0, 1] (final evaluation of the chosen model).
+        val_accuracy: validation accuracy in [0, 1]: the figure every choice is made on.
+        cost: fraction of the attention FLOPs used (soft: C(b); hard: kept-head cost fraction).
+        cost_kind: one of :data:`COST_KINDS`.
+        steps: optimiser steps from initialisation (or from the pretrained checkpoint) that
+            produced the evaluated weights.
+        heads_kept / heads_per_layer: the physical heads of a hard row.
+        accuracy_before_adaptation: test accuracy of the same hard mask before the hard stage.
+        val_accuracy_before_adaptation: the same on validation.
+        ideal_speedup: FLOP-ideal speedup of the kept heads at the benchmark sequence length.
+        latency_ms / dense_latency_ms / speedup: measured (single setting, see bench fields).
+        reference_speedups: measured speedup against further references (e.g. ``transformers``).
+        layer_gates / gates: soft gate values (soft rows).
+    """
+
+    method: str
+    budget: float
+    seed: int
+    accuracy: float
+    val_accuracy: float | None
+    cost: float
+    cost_kind: str
+    steps: int
+    heads_kept: int | None = None
+    heads_per_layer: list[int] | None = None
+    accuracy_before_adaptation: float | None = None
+    val_accuracy_before_adaptation: float | None = None
+    ideal_speedup: float | None = None
+    latency_ms: float | None = None
+    dense_latency_ms: float | None = None
+    speedup: float | None = None
+    bench_input: str | None = None
+    bench_batch_size: int | None = None
+    bench_seq_len: int | None = None
+    threads: int | None = None
+    reference_speedups: dict[str, float] = field(default_factory=dict)
+    layer_gates: list[float] | None = None
+    gates: list[list[float]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.cost_kind not in COST_KINDS:
+            raise ValueError(f"cost_kind must be one of {COST_KINDS}, got {self.cost_kind!r}")
+
+    def attach_speed(self, bench_row: dict[str, Any]) -> None:
+        """Copy one benchmark row's measured figures onto this (hard) row."""
+        if self.cost_kind != "kept-heads":
+            raise ValueError(f"only physically pruned rows get measured speed, not {self.method!r} ({self.cost_kind})")
+        self.latency_ms = bench_row["latency_ms"]
+        self.dense_latency_ms = bench_row["dense_latency_ms"]
+        self.speedup = bench_row["speedup"]
+        self.ideal_speedup = bench_row["ideal_speedup"]
+        self.bench_input = bench_row.get("input", "random")
+        self.bench_batch_size = bench_row["batch_size"]
+        self.bench_seq_len = bench_row["seq_len"]
+        self.threads = bench_row["threads"]
+        self.reference_speedups = {
+            key[: -len("_speedup")]: value
+            for key, value in bench_row.items()
+            if key.endswith("_speedup") and key not in ("ideal_speedup", "sliced_speedup") and value is not None
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat dict for results.json/CSV; reference speedups become ``<name>_speedup`` keys."""
+        data = dataclasses.asdict(self)
+        for name, value in data.pop("reference_speedups").items():
+            data[f"{name}_speedup"] = value
+        return data
