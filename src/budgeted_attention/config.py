@@ -163,6 +163,9 @@ def check_budgets(values: Any, key: str, *, allow_empty: bool = False) -> list[f
             checked.append(validate_budget(value))
         except ValueError as exc:
             raise ConfigError(f"{key}[{i}]: {exc}") from None
+        if checked[-1] in checked[:-1]:
+            # A repeated budget would be evaluated twice and counted as two seeds in the tables.
+            raise ConfigError(f"{key}[{i}]: budget {value!r} is listed twice")
     return checked
 
 

@@ -48,3 +48,24 @@ def test_headered_csv_splits():
         warnings.simplefilter("ignore")
         splits, _ = make_text_splits(cfg)
     assert splits.n_classes == 3 and len(splits.train) + len(splits.val) + len(splits.test) == 30
+
+
+def test_batches_cut_right_padding_without_changing_outputs():
+    import torch
+
+    from budgeted_attention.data.dataset import Split
+    from budgeted_attention.model.config import ModelConfig
+    from budgeted_attention.model.transformer import EncoderClassifier
+
+    ids = torch.tensor([[5, 6, 0, 0, 0], [7, 0, 0, 0, 0], [5, 6, 7, 8, 0]])
+    mask = (ids != 0).long()
+    split = Split(ids, mask, torch.tensor([0, 1, 0]))
+    (b_ids, b_mask, _), = list(split.batches(2))[:1]
+    assert b_ids.shape == (2, 2) and torch.equal(b_mask, torch.tensor([[1, 1], [1, 0]]))
+    torch.manual_seed(0)
+    model = EncoderClassifier(ModelConfig(vocab_size=9, n_classes=2, max_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=8, pooling="mean")).eval()
+    with torch.no_grad():
+        full = model(ids[:2], mask[:2])
+        assert torch.allclose(model(b_ids, b_mask), full, atol=1e-5)
+    left = Split(ids.flip(1), mask.flip(1), torch.tensor([0, 1, 0]))  # left padding: nothing is cut
+    assert next(left.batches(2))[0].shape == (2, 5)

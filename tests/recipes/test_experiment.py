@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from budgeted_attention.errors import ConfigError
+from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.recipes import experiment as experiment_module
 from budgeted_attention.recipes.experiment import Experiment, load_experiment_config
 
@@ -131,6 +131,19 @@ def test_rows_record_steps_and_equal_step_controls(tmp_path):
     static = [r for r in rows if r["method"] == "static"][0]
     assert static["speedup"] > 0 and static["heads_kept"] == 2
 
+    # The budgeted-hard checkpoint: the ranking its (frozen) gates define is the stored one.
+    from budgeted_attention.checkpoint import load_model, load_ranking
+    from budgeted_attention.pruning.selection import HeadRanking
+
+    path = tmp_path / "run" / "checkpoints" / "seed0" / "budgeted-hard"
+    model, description = load_model(path)
+    assert HeadRanking.from_scores(model.gates.importance(), cfg.min_one_per_layer) == load_ranking(path, description, model)
+
+    # A corrupted finished-unit record is a one-line error naming the file, not a traceback.
+    (tmp_path / "run" / "units" / "seed0" / "posthoc.json").write_text("{oops")
+    with pytest.raises(CheckpointError, match="posthoc.json"):
+        Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None).run()
+
 
 @pytest.mark.filterwarnings("ignore:skipped")
 def test_test_split_is_read_only_in_final_evaluation(tmp_path, monkeypatch):
@@ -174,3 +187,13 @@ def test_a_run_that_failed_validation_can_be_rerun_into_the_same_out(tmp_path):
     cfg.seeds, cfg.methods = [0], ["dense"]
     Experiment(cfg, out, progress=False, log=lambda *_: None).run()
     assert (out / "results.json").is_file()
+
+
+def test_lengths_and_budgets_are_checked_before_any_training(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG.replace("bench: {{rounds: 1".replace("{{", "{"), "bench: {seq_lens: [64], rounds: 1"))
+    with pytest.raises(ConfigError, match=r"bench.seq_lens \[64\]"):
+        Experiment(load_experiment_config(str(path)), tmp_path / "run", progress=False, log=lambda *_: None)
+    assert not (tmp_path / "run" / "config.sha256").exists()
+    with pytest.raises(ConfigError, match="listed twice"):
+        load_experiment_config(str(path), ["budgets=[0.5, 0.5, 1.0]"])

@@ -22,7 +22,7 @@ NEW = [
 
 
 def test_method_order_has_new_methods():
-    order = ["dense", "dense-long", "budgeted", "budgeted-hard", "budgeted-scratch", "static", "static-hard",
+    order = ["dense", "dense-long", "budgeted", "budgeted-hard", "budgeted-scratch", "static", "static-soft",
              "posthoc", "posthoc-recovered", "posthoc-recovered-1ep"]
     assert METHOD_ORDER == order
     methods = [e["method"] for e in aggregate(OLD + NEW)]

@@ -36,3 +36,16 @@ def test_old_rows_cost_falls_back_to_estimated_cost():
     assert accuracy_at_cost(rows, "budgeted", 0, 0.5) is None
     assert accuracy_at_cost(rows, "budgeted", 0, 0.6) is rows[0]
     assert headline(rows)["per_seed"][0]["max_cost_minus_budget"] == 0.6 - 0.3
+
+
+def test_full_budget_gap_compares_b099_with_b1():
+    from budgeted_attention.reporting.summary import full_budget_gap
+
+    rows = [
+        {"method": "budgeted", "seed": 0, "budget": 0.99, "accuracy": 0.90},
+        {"method": "budgeted", "seed": 0, "budget": 1.0, "accuracy": 0.95},
+        {"method": "budgeted-hard", "seed": 0, "budget": 1.0, "accuracy": 0.95},
+        {"method": "dense", "seed": 0, "budget": 1.0, "accuracy": 0.5},
+    ]
+    gaps = full_budget_gap(rows)
+    assert len(gaps) == 1 and gaps[0]["method"] == "budgeted" and abs(gaps[0]["gap_points"] - 5.0) < 1e-9

@@ -100,10 +100,9 @@ def bench_models(
     model = model.eval()
     if model.is_pruned:
         raise ValueError("bench needs the full model (the references are built from it)")
-    max_len = getattr(getattr(model, "config", None), "max_len", None)
-    for seq in cfg.seq_lens:
-        if max_len is not None and seq > max_len:
-            raise ValueError(f"sequence length {seq} exceeds the model's max_len {max_len}")
+    check_lengths(model, cfg.seq_lens, "bench sequence length")
+    if lengths and max(lengths) > model.max_len:
+        raise ValueError(f"the data's longest example ({max(lengths)} tokens) exceeds the model's max_len {model.max_len}")
     vocab = vocab_size or _vocab_size(model)
     low_id = min(low_id, vocab // 2)  # tiny test vocabularies have no "ordinary word" id range
     plain = model.plain_reference().eval()
@@ -172,6 +171,13 @@ def bench_ranking(model: GatedModel, ranking: HeadRanking, cfg: BenchConfig, **k
     """:func:`bench_models` at ``cfg.budgets`` with the kept sets of one nested ranking (and the sliced layout)."""
     kept = {b: ranking.kept_heads(b) for b in cfg.budgets}
     return bench_models(model, kept, cfg, ranking=ranking, **kwargs)
+
+
+def check_lengths(model: GatedModel, seq_lens: list[int], what: str) -> None:
+    """Every length must fit the model's position embeddings (ValueError naming the length)."""
+    for seq in seq_lens:
+        if seq > model.max_len:
+            raise ValueError(f"{what} {seq} exceeds the model's max_len {model.max_len}")
 
 
 def _vocab_size(model: GatedModel) -> int:

@@ -23,12 +23,32 @@ class Split:
     def batches(
         self, batch_size: int, *, shuffle: bool = False, generator: torch.Generator | None = None
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Yield (input_ids, attention_mask, labels) mini-batches; the last one may be smaller."""
+        """Yield (input_ids, attention_mask, labels) mini-batches; the last one may be smaller.
+
+        Right padding beyond a batch's longest example is cut off: the split is padded to its
+        longest example, and attending over all-padding columns costs time without changing any
+        output (masked keys, mask-aware pooling, absolute positions from 0).
+        """
         n = len(self)
         order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        right_padded = self._right_padded()
         for start in range(0, n, batch_size):
             index = order[start : start + batch_size]
-            yield self.input_ids[index], self.attention_mask[index], self.labels[index]
+            ids, mask = self.input_ids[index], self.attention_mask[index]
+            if right_padded:
+                width = max(1, int(mask.sum(dim=1).max()))
+                if width < ids.shape[1]:
+                    ids, mask = ids[:, :width], mask[:, :width]
+            yield ids, mask, self.labels[index]
+
+    def _right_padded(self) -> bool:
+        """True when every row's real tokens come first (mask non-increasing along the sequence)."""
+        cached = getattr(self, "_right_padded_cache", None)
+        if cached is None:
+            mask = self.attention_mask
+            cached = bool((mask[:, 1:] <= mask[:, :-1]).all()) if mask.shape[1] > 1 else True
+            self._right_padded_cache = cached
+        return cached
 
     def lengths(self) -> list[int]:
         """Real (unpadded) token count of every example."""

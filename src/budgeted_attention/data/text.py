@@ -116,13 +116,26 @@ def encode(tokenizer: Tokenizer, examples: list[Example]) -> Split:
 
 
 def prepare_pretrained_tokenizer(tokenizer: Tokenizer, max_len: int) -> Tokenizer:
-    """A pretrained model's tokenizer (e.g. WordPiece of BERT) set to truncate and pad."""
+    """A pretrained model's tokenizer (WordPiece of BERT, BPE of RoBERTa...) set to truncate and pad.
+
+    Its own padding token is kept when the tokenizer already pads (``<pad>`` for RoBERTa);
+    otherwise ``[PAD]`` must exist.
+    """
     tokenizer.enable_truncation(max_length=max_len)
+    if tokenizer.padding is not None:
+        return tokenizer
     pad_id = tokenizer.token_to_id(PAD)
     if pad_id is None:
-        raise DataError(f"the pretrained tokenizer has no {PAD} token")
+        raise DataError(f"the pretrained tokenizer has no padding token ({PAD} not in its vocabulary)")
     tokenizer.enable_padding(pad_id=pad_id, pad_token=PAD)
     return tokenizer
+
+
+def pad_id_of(tokenizer: Tokenizer) -> int:
+    """The id a tokenizer pads with."""
+    if tokenizer.padding is not None:
+        return int(tokenizer.padding["pad_id"])
+    return tokenizer.token_to_id(PAD)
 
 
 def make_text_splits(
@@ -158,7 +171,7 @@ def make_text_splits(
         test=encode(tokenizer, test),
         vocab_size=tokenizer.get_vocab_size(),
         n_classes=len(raw.class_names),
-        pad_id=tokenizer.token_to_id(PAD),
+        pad_id=pad_id_of(tokenizer),
         class_names=list(raw.class_names),
     )
     return splits, tokenizer

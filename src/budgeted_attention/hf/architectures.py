@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from budgeted_attention.errors import CheckpointError
@@ -195,6 +196,9 @@ def load_pretrained_classifier(path: str | Path, num_labels: int, *, log: Callab
             model, info = cls.from_pretrained(
                 str(path), num_labels=num_labels, attn_implementation="sdpa",
                 ignore_mismatched_sizes=True, output_loading_info=True,
+                # transformers 5 defaults to dtype="auto": a half-precision checkpoint would then be
+                # trained and timed in half precision on the CPU, and reload as float32 later.
+                dtype=torch.float32,
             )
     except _load_errors() as exc:
         raise CheckpointError(f"cannot load a {kind} checkpoint from '{path}': {_first_line(exc)}") from exc

@@ -165,6 +165,10 @@ class GatedBertClassifier(GatedModel):
 
     # ------------------------------------------------------------------ family hooks
 
+    @property
+    def max_len(self) -> int:
+        return bert_max_len(self.hf.config)
+
     def _physical_keep(self, positions: list[list[int]]) -> None:
         for attention, dense, layer_positions in zip(self.attentions, self.output_denses, positions):
             attention.keep_heads(list(layer_positions), dense)
@@ -227,6 +231,12 @@ def load_gated_bert(path: str | Path, num_labels: int, *, log=None) -> GatedBert
     """
     hf = load_pretrained_classifier(str(path), num_labels, log=log)
     return GatedBertClassifier(hf.eval())
+
+
+def bert_max_len(cfg) -> int:
+    """Longest input of a BERT-family config: RoBERTa-style position ids start after the padding id."""
+    offset = cfg.pad_token_id + 1 if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta") and cfg.pad_token_id is not None else 0
+    return int(cfg.max_position_embeddings) - offset
 
 
 def bert_cost_model(cfg, seq_len: int):

@@ -80,6 +80,11 @@ class GatedModel(nn.Module):
         """True when every head is present in its original order (no surgery, no sorting)."""
         return self.head_ids == identity_head_ids(self.n_layers, self.n_heads)
 
+    @property
+    def max_len(self) -> int:  # pragma: no cover - abstract
+        """Longest input sequence the model accepts, in tokens."""
+        raise NotImplementedError
+
     def active_heads(self) -> list[int]:
         """Heads used per layer in forward: a prefix of the physical heads (instant switching)."""
         return list(self._active)
@@ -110,7 +115,10 @@ class GatedModel(nn.Module):
             return None
         if self._gate_index is None:
             self._gate_index = [torch.tensor(ids, dtype=torch.long) for ids in self.active_head_ids()]
-        return [matrix[layer].index_select(0, index) for layer, index in enumerate(self._gate_index)]
+            self._identity = self.active_head_ids() == identity_head_ids(self.n_layers, self.n_heads)
+        if self._identity:
+            return list(matrix.unbind(0))
+        return [matrix[layer].index_select(0, index.to(matrix.device)) for layer, index in enumerate(self._gate_index)]
 
     def full_grid_mask(self) -> torch.Tensor:
         """(n_layers, n_heads) 0/1 mask of the heads the forward pass runs."""
@@ -130,6 +138,7 @@ class GatedModel(nn.Module):
         """
         if len(kept) != self.n_layers:
             raise ValueError(f"expected {self.n_layers} head lists, got {len(kept)}")
+        kept = validate_head_ids(kept, self.n_layers, self.n_heads)
         positions = []
         for layer, heads in enumerate(kept):
             present = self.head_ids[layer]

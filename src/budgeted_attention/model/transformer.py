@@ -137,6 +137,10 @@ class EncoderClassifier(GatedModel):
 
     # ------------------------------------------------------------------ family hooks
 
+    @property
+    def max_len(self) -> int:
+        return self.config.max_len
+
     def _physical_keep(self, positions: list[list[int]]) -> None:
         for block, layer_positions in zip(self.blocks, positions):
             block.attn.keep_heads(layer_positions)

@@ -59,7 +59,7 @@ from budgeted_attention.config import (
 from budgeted_attention.data.dataset import TensorSplits
 from budgeted_attention.data.synthetic import SyntheticConfig, make_synthetic_splits
 from budgeted_attention.data.text import TextDataConfig, make_text_splits
-from budgeted_attention.errors import ConfigError
+from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.cost import estimated_cost
@@ -165,7 +165,7 @@ class Experiment:
         self.builder = make_builder(cfg.model_family, cfg.model, cfg.pretrained)
         self.out.mkdir(parents=True, exist_ok=True)
         self.splits = make_splits(cfg, self.out, self.builder.pretrained_tokenizer())
-        self.builder.prepare(self.splits)
+        self.builder.prepare(self.splits, self.cfg.bench.seq_lens)
         self.eval_batch = cfg.train.eval_batch_size
         self._stamp_config()
         init_run_dir(self.out, to_dict(cfg), cfg.seeds)
@@ -195,7 +195,14 @@ class Experiment:
         """Run ``work()`` unless the unit is finished; returns its record (``rows`` and extras)."""
         path = self._unit_path(seed, unit)
         if path.exists():
-            return json.loads(path.read_text())
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise CheckpointError(f"finished-unit record '{path}' is not valid JSON ({exc}); delete it to rerun the unit") from exc
+            rows = record.get("rows", []) if isinstance(record, dict) else None
+            if not isinstance(rows, list) or not all(isinstance(r, dict) and "method" in r and "budget" in r for r in rows):
+                raise CheckpointError(f"finished-unit record '{path}' is malformed; delete it to rerun the unit")
+            return record
         seed_everything(1000 * seed + index)
         started = time.time()
         record = work()
@@ -288,7 +295,9 @@ class Experiment:
 
     def _scratch(self, seed: int) -> dict[str, Any]:
         model = self.builder.create()
-        steps = self.cfg.train.effective_scratch_steps
+        # Same total steps as the warm-started path: the dense model's actual steps (it may have
+        # stopped early) plus the budgeted stage.
+        steps = self.cfg.train.scratch_steps or self._steps_of(seed, "dense") + self.cfg.train.budgeted_steps
         log = train_budgeted(model, self.splits.train, self.cfg.train, self._head_costs(model), seed=seed, steps=steps, desc="scratch", progress=self.progress)
         return {"rows": self._soft_rows("budgeted-scratch", model, seed, log.steps, self.cfg.budgets)}
 
@@ -338,7 +347,10 @@ class Experiment:
     def _posthoc_ranking(self, seed: int) -> HeadRanking:
         path = self.out / "units" / f"seed{seed}" / "posthoc-ranking.json"
         if path.exists():
-            return HeadRanking.from_dict(json.loads(path.read_text()))
+            try:
+                return HeadRanking.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
+                raise CheckpointError(f"post-hoc ranking '{path}' is malformed ({exc}); delete it to recompute") from exc
         dense, _ = self._load(seed, "dense")
         # Importance on the validation split (never test), as in Michel et al. (2019).
         if self.cfg.posthoc_importance == "gradient":

@@ -41,12 +41,11 @@ class EncoderBuilder:
     def pretrained_tokenizer(self):
         return None
 
-    def prepare(self, splits: TensorSplits) -> None:
+    def prepare(self, splits: TensorSplits, bench_seq_lens: list[int]) -> None:
         self.config = dataclasses.replace(
             self.template.unpruned(), vocab_size=splits.vocab_size, n_classes=splits.n_classes, pad_id=splits.pad_id
         )
-        if splits.seq_len > self.config.max_len:
-            raise ConfigError(f"model.max_len ({self.config.max_len}) is shorter than the data ({splits.seq_len} tokens)")
+        check_max_len(self.config.max_len, splits.seq_len, bench_seq_lens, "model.max_len")
 
     def create(self) -> GatedModel:
         return EncoderClassifier(self.config)
@@ -59,21 +58,30 @@ class PretrainedBuilder:
     """A pretrained BERT-family classifier (BERT, RoBERTa, ELECTRA, MiniLM...) with its own tokenizer."""
 
     def __init__(self, pretrained: PretrainedConfig) -> None:
+        from transformers import AutoConfig  # noqa: PLC0415
+
+        from budgeted_attention.hf.architectures import architecture_of  # noqa: PLC0415
+        from budgeted_attention.hf.bert import bert_max_len  # noqa: PLC0415
+
         self.path = pretrained.resolved()
+        architecture_of(self.path)  # an unsupported architecture fails here, before any work
+        self.max_len = bert_max_len(AutoConfig.from_pretrained(self.path))
         self.num_labels = 0
 
     def pretrained_tokenizer(self):
         from transformers import AutoTokenizer  # noqa: PLC0415
 
         try:
-            return AutoTokenizer.from_pretrained(self.path).backend_tokenizer
+            tokenizer = AutoTokenizer.from_pretrained(self.path)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot load the tokenizer of '{self.path}': {str(exc).splitlines()[0]}") from exc
+        backend = tokenizer.backend_tokenizer
+        if tokenizer.pad_token is not None and backend.padding is None:
+            backend.enable_padding(pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
+        return backend
 
-    def prepare(self, splits: TensorSplits) -> None:
-        from budgeted_attention.hf.architectures import architecture_of  # noqa: PLC0415
-
-        architecture_of(self.path)  # an unsupported architecture fails here, before any work
+    def prepare(self, splits: TensorSplits, bench_seq_lens: list[int]) -> None:
+        check_max_len(self.max_len, splits.seq_len, bench_seq_lens, f"the position embeddings of '{self.path}'")
         self.num_labels = splits.n_classes
 
     def create(self) -> GatedModel:
@@ -84,6 +92,15 @@ class PretrainedBuilder:
     def bench_low_id(self) -> int:
         # Random ids above the special and unused tokens of WordPiece vocabularies.
         return 1000
+
+
+def check_max_len(max_len: int, data_len: int, bench_seq_lens: list[int], what: str) -> None:
+    """The data and every benchmark length must fit the model, checked before any training."""
+    if data_len > max_len:
+        raise ConfigError(f"{what} ({max_len} tokens) is shorter than the data ({data_len} tokens); lower data.max_len")
+    too_long = [seq for seq in bench_seq_lens if seq > max_len]
+    if too_long:
+        raise ConfigError(f"bench.seq_lens {too_long} exceed {what} ({max_len} tokens)")
 
 
 def make_builder(name: str, model_template: ModelConfig, pretrained: PretrainedConfig):

@@ -29,7 +29,7 @@ from budgeted_attention.io import write_json_atomic, write_text_atomic
 METHOD_ORDER = [
     "dense", "dense-long",
     "budgeted", "budgeted-hard", "budgeted-scratch",
-    "static", "static-hard",
+    "static", "static-soft",
     "posthoc", "posthoc-recovered", "posthoc-recovered-1ep",
 ]
 _MEAN_FIELDS = [

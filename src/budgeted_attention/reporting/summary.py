@@ -62,7 +62,7 @@ def headline(rows: list[dict[str, Any]], cost_caps: tuple[float, ...] = DEFAULT_
     accuracy of the picked row), ``val_accuracy_at_cost_X``, ``budget_at_cost_X`` and
     ``cost_at_cost_X`` (all None when nothing could be picked), plus ``has_validation``.
     """
-    seeds = sorted({r["seed"] for r in rows if r.get("method") == method})
+    seeds = sorted({r.get("seed") for r in rows if r.get("method") == method and isinstance(r.get("seed"), int)})
     per_seed = []
     for seed in seeds:
         entry: dict[str, Any] = {"seed": seed, "has_validation": has_validation(rows, method, seed)}
@@ -77,16 +77,36 @@ def headline(rows: list[dict[str, Any]], cost_caps: tuple[float, ...] = DEFAULT_
         per_seed.append(entry)
     ablation = {}
     for name in ("budgeted", "budgeted-scratch", "budgeted-hard"):
-        values = [r["accuracy"] for r in rows if r.get("method") == name and r["budget"] < 1.0 and _number(r.get("accuracy")) is not None]
+        values = [r["accuracy"] for r in rows if r.get("method") == name and (_number(r.get("budget")) or 1.0) < 1.0 and _number(r.get("accuracy")) is not None]
         if values:
             ablation[name] = statistics.fmean(values)
     return {
         "method": method,
+        "full_budget_gap": full_budget_gap(rows),
         "cost_caps": [float(c) for c in cost_caps],
         "selection": "best validation accuracy within the cost cap (ties: lower cost); test accuracy reported",
         "per_seed": per_seed,
         "mean_accuracy_over_budgets_below_1": ablation,
     }
+
+
+def full_budget_gap(rows: list[dict[str, Any]], near: float = 0.99) -> list[dict[str, Any]]:
+    """The "cliff at b = 1" check: per budgeted method and seed, test accuracy at b = ``near`` and at b = 1.
+
+    Only groups that evaluated both budgets appear; ``gap_points`` = 100 * |acc(near) - acc(1)|.
+    """
+    found: dict[tuple[str, int], dict[float, float]] = {}
+    for row in rows:
+        method, budget = row.get("method", ""), row.get("budget")
+        if not str(method).startswith("budgeted") or budget not in (near, 1.0) or _number(row.get("accuracy")) is None:
+            continue
+        found.setdefault((method, row.get("seed")), {})[budget] = row["accuracy"]
+    return [
+        {"method": m, "seed": seed, "budget": near, "accuracy_near": acc[near], "accuracy_full": acc[1.0],
+         "gap_points": 100 * abs(acc[near] - acc[1.0])}
+        for (m, seed), acc in sorted(found.items())
+        if near in acc and 1.0 in acc
+    ]
 
 
 def headline_markdown(summary: dict[str, Any]) -> str:
@@ -114,6 +134,12 @@ def headline_markdown(summary: dict[str, Any]) -> str:
         f"Operating points of `{method}` chosen by validation accuracy within each cost cap (ties: lower cost); "
         "the test accuracy of that point is reported. Test accuracy never chooses.",
     ]
+    gaps = summary.get("full_budget_gap") or []
+    if gaps:
+        worst = max(gaps, key=lambda g: g["gap_points"])
+        lines += ["", f"No cliff at b = 1: largest |acc(b = {worst['budget']}) − acc(b = 1)| over budgeted methods and seeds is "
+                  f"{worst['gap_points']:.2f} points ({worst['method']}, seed {worst['seed']}; "
+                  f"{100 * worst['accuracy_near']:.2f}% vs {100 * worst['accuracy_full']:.2f}%)."]
     means = summary["mean_accuracy_over_budgets_below_1"]
     if means:
         lines += ["", "Mean test accuracy over the budgets < 1 of the sweep, all seeds: " + ", ".join(f"{m} {100 * v:.2f}%" for m, v in means.items()) + "."]
