@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean results
 
 $(STAMP): pyproject.toml Makefile
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)" >&2; exit 2; }
@@ -23,6 +23,14 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Every run docs/results.md cites (about 2 hours on 2 cores), then the page itself.
+results: $(STAMP)
+	$(BIN)/baa demo --no-progress --out runs/demo
+	$(BIN)/baa demo --no-progress --config configs/synthetic_d256.yaml --out runs/d256
+	$(BIN)/baa experiment --no-progress configs/bbc_short.yaml
+	$(BIN)/baa experiment --no-progress configs/minilm_bbc_short.yaml
+	$(BIN)/baa report runs/demo runs/d256 runs/bbc_short runs/minilm_bbc_short --out docs/results.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
