@@ -75,7 +75,12 @@ class GatedSelfAttention(nn.Module):
         if n == 0:
             return self.out_bias.expand(batch, seq, self.d_model)
         hd = self.head_dim
-        qkv = F.linear(x, self.qkv_weight[: n * 3 * hd], self.qkv_bias[: n * 3 * hd])
+        if n == self.n_heads:  # every stored head: no slicing views on the dense path
+            qkv_weight, qkv_bias, out_weight_t = self.qkv_weight, self.qkv_bias, self.out_weight_t
+        else:
+            qkv_weight, qkv_bias = self.qkv_weight[: n * 3 * hd], self.qkv_bias[: n * 3 * hd]
+            out_weight_t = self.out_weight_t[: n * hd]
+        qkv = F.linear(x, qkv_weight, qkv_bias)
         qkv = qkv.view(batch, seq, n, 3, hd).permute(3, 0, 2, 1, 4)  # (3, B, n, T, hd)
         q, k, v = qkv.unbind(0)
         y = F.scaled_dot_product_attention(
@@ -84,7 +89,7 @@ class GatedSelfAttention(nn.Module):
         if head_gates is not None:
             y = y * head_gates.to(y.dtype).view(1, n, 1, 1)
         y = y.transpose(1, 2).reshape(batch * seq, n * hd)
-        out = torch.addmm(self.out_bias, y, self.out_weight_t[: n * hd])
+        out = torch.addmm(self.out_bias, y, out_weight_t)
         return out.view(batch, seq, self.d_model)
 
     @torch.no_grad()

@@ -38,7 +38,9 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.fc2(F.gelu(self.fc1(x))))
+        y = self.fc2(F.gelu(self.fc1(x)))
+        # Dropout modules only in training: in eval they are identities whose calls cost time.
+        return self.dropout(y) if self.training else y
 
 
 class EncoderBlock(nn.Module):
@@ -57,7 +59,8 @@ class EncoderBlock(nn.Module):
     def forward(
         self, x: torch.Tensor, attn_mask: torch.Tensor | None, head_gates: torch.Tensor | None
     ) -> torch.Tensor:
-        x = x + self.dropout(self.attn(self.ln_attn(x), attn_mask, head_gates))
+        y = self.attn(self.ln_attn(x), attn_mask, head_gates)
+        x = x + (self.dropout(y) if self.training else y)
         if self.has_ffn:
             x = x + self.ffn(self.ln_ffn(x))
         return x
@@ -116,7 +119,9 @@ class EncoderClassifier(GatedModel):
         if token_type_ids is not None and bool(token_type_ids.any()):
             raise ValueError("this encoder has no segment embeddings: token_type_ids must be None or all zeros")
         positions = torch.arange(seq, device=input_ids.device)
-        x = self.embedding_dropout(self.token_embedding(input_ids) + self.position_embedding(positions))
+        x = self.token_embedding(input_ids) + self.position_embedding(positions)
+        if self.training:
+            x = self.embedding_dropout(x)
         sdpa_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             sdpa_mask = attention_mask.bool().view(batch, 1, 1, seq)
