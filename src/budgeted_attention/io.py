@@ -106,6 +106,18 @@ def source_provenance(package_dir: str | os.PathLike[str] | None = None, timeout
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}
 
 
+def _cpu_model() -> str | None:
+    """The CPU's model name from /proc/cpuinfo (Linux), e.g. 'Intel(R) Xeon(R) Processor'; timings depend on it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        return None
+    return None
+
+
 def environment_info() -> dict[str, Any]:
     """Package versions, platform facts and source provenance recorded in every run directory.
 
@@ -121,7 +133,7 @@ def environment_info() -> dict[str, Any]:
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
+        "processor": platform.processor() or _cpu_model() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "packages": versions,
         **source_provenance(),
