@@ -117,7 +117,7 @@ def test_report_from_run_dirs(tmp_path):
     assert "| budgeted | 0.30 | 1 | 3,000 | 93.00 ± 0.00 | 95.00 ± 0.00 | ~0.280 |" in bbc
     assert "vs transformers" in bbc and "1.21x" in bbc
     # headline: chosen by validation (b=0.3, test 95 %), not by test (b=0.2, test 99 %)
-    headline = bbc.split("### Headline", 1)[1].split("###", 1)[0]
+    headline = bbc.split(": headline", 1)[1].split("###", 1)[0]
     assert "95.00% (val. 93.00%, b=0.30" in headline and "99.00%" not in headline
     assert "Dense reference: unmodified transformers" in bbc and "| 0.98 | 1.30x | 1.21x |" in bbc
     assert "![bbc_short: accuracy vs budget](figures/bbc_short_accuracy_vs_budget.png)" in bbc

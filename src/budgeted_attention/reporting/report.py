@@ -269,19 +269,19 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
         lines.append(f"- Wall time: {run['wall_time']}")
     lines.append(f"- Run directory: `{run['path']}`")
     seeds = sorted({r.get('seed') for r in run["rows"] if r.get("seed") is not None}, key=str)
-    lines += ["", "### Results", "", f"{len(run['rows'])} rows, seeds {', '.join(map(str, seeds)) or 'none'}; mean ± std over seeds. "
+    lines += ["", f"### {run['name']}: results", "", f"{len(run['rows'])} rows, seeds {', '.join(map(str, seeds)) or 'none'}; mean ± std over seeds. "
               "Accuracies in %; `test acc.` on the held-out test split, `val. acc.` on the validation split.", ""]
     lines.append(markdown_table(aggregate(run["rows"])).rstrip("\n"))
     if _has_soft_budgeted(run["rows"]):
-        lines += ["", "### Headline (soft `budgeted` gates, operating points chosen on validation)", ""]
+        lines += ["", f"### {run['name']}: headline (soft `budgeted` gates, operating points chosen on validation)", ""]
         lines.append(headline_markdown(headline(run["rows"])).rstrip("\n"))
     for bench_path, bench in run["benches"]:
-        lines += ["", f"### Speed (`{bench_path.name}`)", ""]
+        lines += ["", f"### {run['name']}: speed (`{bench_path.name}`)", ""]
         if bench.get("checkpoint"):
             lines += [f"Checkpoint: `{bench['checkpoint']}`", ""]
         lines.append(bench_table(bench).rstrip("\n"))
     if run["figures"]:
-        lines += ["", "### Figures", ""]
+        lines += ["", f"### {run['name']}: figures", ""]
         for figure in run["figures"]:
             if figures_dir is None:
                 target = figure
