@@ -140,10 +140,16 @@ def test_json_onto_a_directory_is_one_line(tmp_path, capsys):
     "content, fragment",
     [
         ("{not json", "not valid JSON"),
-        ("[1, 2]", "JSON object"),
-        ('{"format": "budgeted_attention.encoder/1", "ranking": {"n_layers": 2}}', "malformed head ranking"),
-        ('{"format": "budgeted_attention.encoder/1", "ranking": {"order": 5, "n_layers": 2, "n_heads": 2, "min_one_per_layer": true}}',
+        ("[1, 2]", "not a budgeted_attention/2 checkpoint"),
+        ('{"format": "budgeted_attention.encoder/1", "ranking": {"n_layers": 2}}', "not a budgeted_attention/2 checkpoint"),
+        ('{"format": "budgeted_attention/2", "family": "encoder", "architecture": {}, "ranking": {"n_layers": 2}}',
          "malformed head ranking"),
+        ('{"format": "budgeted_attention/2", "family": "encoder", "architecture": {}, "ranking": [1]}', "malformed head ranking"),
+        ('{"format": "budgeted_attention/2", "family": "encoder", "architecture": {}, '
+         '"ranking": {"order": 5, "n_layers": 2, "n_heads": 2, "min_one_per_layer": true}}', "malformed head ranking"),
+        ('{"format": "budgeted_attention/2", "family": "encoder", "architecture": {}, '
+         '"ranking": {"scope": "all", "order": [["head", 0, 0]], "n_layers": 1, "n_heads": 1, "n_groups": 1, '
+         '"head_cost": 1, "group_cost": 1, "min_one_per_layer": true}}', "malformed head ranking"),
     ],
 )
 def test_malformed_checkpoint_is_one_line(tmp_path, capsys, content, fragment):

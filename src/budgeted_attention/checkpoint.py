@@ -133,21 +133,41 @@ def load_model(path: str | Path) -> tuple[GatedModel, dict[str, Any]]:
     return model, description
 
 
-def load_ranking(path: str | Path, description: dict[str, Any], model: GatedModel):
-    """The head ranking stored with a checkpoint, checked against the model's grid."""
-    from budgeted_attention.pruning.selection import HeadRanking  # noqa: PLC0415
+def parse_ranking(path: str | Path, description: dict[str, Any]):
+    """The ranking (heads, or heads and FFN groups) stored in a checkpoint description.
+
+    Raises:
+        CheckpointError: no ranking (not a budgeted-hard checkpoint) or a malformed one.
+    """
+    from budgeted_attention.pruning.selection import ranking_from_dict  # noqa: PLC0415
 
     _, meta_path = checkpoint_paths(path)
     if "ranking" not in description:
         raise CheckpointError(f"'{meta_path}' has no head ranking (not a budgeted-hard checkpoint)")
     try:
-        ranking = HeadRanking.from_dict(description["ranking"])
+        if not isinstance(description["ranking"], dict):
+            raise TypeError(f"expected a mapping, got {type(description['ranking']).__name__}")
+        ranking = ranking_from_dict(description["ranking"])
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise CheckpointError(f"malformed head ranking in '{meta_path}': {exc}") from exc
+    return ranking
+
+
+def load_ranking(path: str | Path, description: dict[str, Any], model: GatedModel):
+    """The ranking stored with a checkpoint (:func:`parse_ranking`), checked against the model's grid."""
+    from budgeted_attention.pruning.selection import UnitRanking  # noqa: PLC0415
+
+    _, meta_path = checkpoint_paths(path)
+    ranking = parse_ranking(path, description)
     if (ranking.n_layers, ranking.n_heads) != (model.n_layers, model.n_heads):
         raise CheckpointError(
             f"head ranking in '{meta_path}' is for {ranking.n_layers}x{ranking.n_heads} heads, "
             f"the model has {model.n_layers}x{model.n_heads}"
+        )
+    groups = ranking.n_groups if isinstance(ranking, UnitRanking) else 0
+    if groups != model.n_groups:
+        raise CheckpointError(
+            f"ranking in '{meta_path}' is for {groups} FFN groups per layer, the model has {model.n_groups}"
         )
     return ranking
 

@@ -121,7 +121,6 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from budgeted_attention.recipes.bench import run_bench
 
-    _check_hard_checkpoint(args.run_dir, args.seed)
     run_bench(
         args.run_dir,
         seed=args.seed,
@@ -153,29 +152,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
     figures = Path(args.figures_dir) if args.figures_dir else None
     print(write_report([Path(p) for p in args.run_dirs], Path(args.out), figures, args.title, command=command))
     return 0
-
-
-def _check_hard_checkpoint(run_dir: str, seed: int | None) -> None:
-    """Fail early, with a :class:`CheckpointError`, on a checkpoint description that cannot be used
-    (not JSON, not a mapping, no or malformed head ranking), before any model is built."""
-    import json  # noqa: PLC0415
-
-    from budgeted_attention.pruning.selection import HeadRanking  # noqa: PLC0415
-    from budgeted_attention.recipes.bench import find_hard_checkpoint  # noqa: PLC0415
-
-    checkpoint = find_hard_checkpoint(run_dir, seed)
-    try:
-        description = json.loads(checkpoint.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"checkpoint description '{checkpoint}' is not valid JSON: {exc}") from None
-    if not isinstance(description, dict):
-        raise CheckpointError(f"checkpoint description '{checkpoint}' must hold a JSON object")
-    if "ranking" not in description:
-        raise CheckpointError(f"'{checkpoint}' has no head ranking (not a budgeted-hard checkpoint)")
-    try:
-        HeadRanking.from_dict(description["ranking"])
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise CheckpointError(f"'{checkpoint}' has a malformed head ranking ({type(exc).__name__}: {exc})") from None
 
 
 def _os_error_message(exc: OSError) -> str:

@@ -197,3 +197,74 @@ def test_lengths_and_budgets_are_checked_before_any_training(tmp_path):
     assert not (tmp_path / "run" / "config.sha256").exists()
     with pytest.raises(ConfigError, match="listed twice"):
         load_experiment_config(str(path), ["budgets=[0.5, 0.5, 1.0]"])
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_all_scope_pipeline_prunes_heads_and_ffn_and_benches_both_scopes(tmp_path):
+    path = tmp_path / "all.yaml"
+    path.write_text(CONFIG.replace("name: tiny", "name: tiny-all\nbudget_scope: all\nffn_group_size: 8")
+                    .replace("seeds: [0, 1]", "seeds: [0]"))
+    cfg = load_experiment_config(str(path), ["methods=[dense,budgeted,budgeted-hard,budgeted-sandwich,budgeted-hard-sandwich,static,posthoc,posthoc-recovered]"])
+    experiment = Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None)
+    experiment.run()
+    rows = json.loads((tmp_path / "run" / "results.json").read_text())["rows"]
+    hard = {(r["method"], r["budget"]): r for r in rows if r["cost_kind"] == "kept-heads"}
+    for method in ("budgeted-hard", "budgeted-hard-sandwich", "static", "posthoc", "posthoc-recovered"):
+        row = hard[(method, 0.5)]
+        assert row["scope"] == "all"
+        assert row["cost"] <= 0.5 + 1e-9  # the kept units' FLOPs fit the budget
+        assert row["ffn_per_layer"] and all(w % 8 == 0 for w in row["ffn_per_layer"])
+        assert sum(row["ffn_per_layer"]) < 2 * 32  # the FFN was pruned too
+        assert row["ideal_speedup"] > 1.0
+    for method in ("budgeted-hard", "budgeted-hard-sandwich"):
+        assert hard[(method, 0.5)]["speedup"] > 0  # measured
+    bench = json.loads((tmp_path / "run" / "bench.json").read_text())
+    assert {r["scope"] for r in bench["rows"]} == {"heads", "all"}
+    assert (tmp_path / "run" / "bench-sandwich.json").is_file()
+
+    from budgeted_attention.checkpoint import load_model, load_ranking
+    from budgeted_attention.pruning.selection import UnitRanking, rank_units
+
+    ckpt = tmp_path / "run" / "checkpoints" / "seed0" / "budgeted-hard"
+    model, description = load_model(ckpt)
+    ranking = load_ranking(ckpt, description, model)
+    assert isinstance(ranking, UnitRanking)
+    costs = model.unit_costs(experiment.splits.seq_len)  # reference_seq_len 0: the data's padded length
+    assert rank_units(model.unit_importance(), costs, cfg.min_one_per_layer) == ranking
+
+
+def test_scope_config_is_validated(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG)
+    with pytest.raises(ConfigError, match="budget_scope"):
+        load_experiment_config(str(path), ["budget_scope=everything"])
+    with pytest.raises(ConfigError, match="ffn_group_size"):
+        Experiment(load_experiment_config(str(path), ["budget_scope=all", "ffn_group_size=5"]), tmp_path / "r", progress=False)
+    with pytest.raises(ConfigError, match="budget_sampling"):
+        load_experiment_config(str(path), ["train.budget_sampling=sometimes"])
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_ladder_trains_smaller_dense_models_for_equal_steps_and_times_them(tmp_path):
+    path = tmp_path / "ladder.yaml"
+    path.write_text(CONFIG.replace("seeds: [0, 1]", "seeds: [0]") + "ladder: [{d_model: 8, n_layers: 1, d_ff: 16}]\n")
+    cfg = load_experiment_config(str(path), ["methods=[dense,ladder]"])
+    Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None).run()
+    rows = json.loads((tmp_path / "run" / "results.json").read_text())["rows"]
+    ladder = [r for r in rows if r["method"] == "ladder"]
+    assert len(ladder) == 1
+    row = ladder[0]
+    assert row["cost_kind"] == "smaller-dense" and 0 < row["cost"] < 0.5
+    assert row["steps"] == cfg.train.dense_steps + cfg.path_steps  # equal steps with budgeted-hard
+    assert row["speedup"] > 0 and row["ideal_speedup"] == pytest.approx(1 / row["cost"])
+
+
+def test_ladder_config_is_validated(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG)
+    with pytest.raises(ConfigError, match="ladder"):
+        load_experiment_config(str(path), ["methods=[dense,ladder]"])
+    with pytest.raises(ConfigError, match="ladder\\[0\\].width"):
+        load_experiment_config(str(path), ["methods=[dense,ladder]", "ladder=[{width: 3}]"])
+    with pytest.raises(ConfigError, match="ladder\\[0\\]"):
+        load_experiment_config(str(path), ["methods=[dense,ladder]", "ladder=[{d_model: 10, n_heads: 3}]"])

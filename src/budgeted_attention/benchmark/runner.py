@@ -19,7 +19,7 @@ from budgeted_attention.benchmark.inputs import length_batches, random_ids
 from budgeted_attention.benchmark.latency import measure_interleaved, time_call
 from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.family import GatedModel
-from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.pruning.selection import KeptUnits, Ranking, UnitRanking
 from budgeted_attention.pruning.switching import SlicedModel
 
 # Batches per timed call in the real-lengths mode: one call runs them all (latency is per batch).
@@ -27,13 +27,18 @@ LENGTH_BATCHES = 8
 
 
 def speed_row(
-    budget: float, batch: int, seq: int, threads: int, dense_ms: float, pruned_ms: float, heads: list[int], cost: CostModel
+    budget: float, batch: int, seq: int, threads: int, dense_ms: float, pruned_ms: float, heads: list[int], cost: CostModel,
+    ffn_widths: list[int] | None = None,
 ) -> dict[str, Any]:
-    """One benchmark row: latencies, measured and FLOP-ideal speedups and their ratio."""
-    ideal = cost.ideal_speedup(list(heads))
+    """One benchmark row: latencies, measured and FLOP-ideal speedups and their ratio.
+
+    ``ffn_widths``: FFN neurons per layer of the pruned model (None: the FFN is whole, scope heads).
+    """
+    ideal = cost.ideal_speedup(list(heads), ffn_widths)
     speedup = dense_ms / pruned_ms
     return {
         "budget": budget,
+        "scope": "heads" if ffn_widths is None else "all",
         "batch_size": batch,
         "seq_len": seq,
         "threads": threads,
@@ -44,7 +49,18 @@ def speed_row(
         "efficiency": speedup / ideal,
         "heads_kept": sum(heads),
         "heads_per_layer": list(heads),
+        "ffn_per_layer": None if ffn_widths is None else list(ffn_widths),
+        "flops_fraction": cost.total_flops(list(heads), ffn_widths) / cost.total_flops(),
     }
+
+
+def as_kept(kept: KeptUnits | list[list[int]]) -> KeptUnits:
+    """A bare per-layer head list means head pruning only."""
+    return kept if isinstance(kept, KeptUnits) else KeptUnits([list(h) for h in kept], None)
+
+
+def _key(budget: float, scope: str) -> str:
+    return f"{scope}_{budget}"
 
 
 def _input_settings(model: GatedModel, cfg: BenchConfig, vocab_size: int, lengths: list[int] | None, pad_id: int, low: int):
@@ -70,10 +86,11 @@ def _runner(module: Callable[..., Any], batches: list[tuple[torch.Tensor, torch.
 
 def bench_models(
     model: GatedModel,
-    kept_by_budget: dict[float, list[list[int]]],
+    kept_by_budget: dict[float, KeptUnits | list[list[int]]],
     cfg: BenchConfig,
     *,
-    ranking: HeadRanking | None = None,
+    ranking: Ranking | None = None,
+    extra_kept: dict[float, KeptUnits | list[list[int]]] | None = None,
     lengths: list[int] | None = None,
     vocab_size: int | None = None,
     pad_id: int = 0,
@@ -84,7 +101,10 @@ def bench_models(
 
     Args:
         model: the full (unpruned) gated model.
-        kept_by_budget: budget -> per-layer kept original head ids (e.g. ``ranking.kept_heads(b)``).
+        kept_by_budget: budget -> :class:`KeptUnits` (heads and FFN groups, e.g. ``ranking.kept(b)``)
+            or per-layer kept original head ids.
+        extra_kept: more pruned models timed in the same rounds (rows marked by their scope), e.g.
+            head-only pruning of an ``all``-scope ranking for a side-by-side comparison.
         cfg: batch sizes, padded sequence lengths, threads, rounds.
         ranking: when given (and ``cfg.include_sliced``), the sliced layout is timed too, plus
             the budget switch time.
@@ -107,8 +127,13 @@ def bench_models(
     low_id = min(low_id, vocab // 2)  # tiny test vocabularies have no "ordinary word" id range
     plain = model.plain_reference().eval()
     references = {name: ref.eval() for name, ref in model.library_references().items()}
-    pruned = {b: model.pruned_copy(kept) for b, kept in kept_by_budget.items()}
+    pruned: dict[str, tuple[float, GatedModel, bool]] = {}  # key -> (budget, model, FFN pruned)
+    for b, kept in list(kept_by_budget.items()) + list((extra_kept or {}).items()):
+        units = as_kept(kept)
+        scope = "heads" if units.groups is None else "all"
+        pruned[_key(b, scope)] = (b, model.pruned_copy(units.heads, units.groups), scope == "all")
     sliced = SlicedModel(model, ranking) if (ranking is not None and cfg.include_sliced) else None
+    sliced_scope = "all" if isinstance(ranking, UnitRanking) else "heads"
     rows: list[dict[str, Any]] = []
     overhead: list[dict[str, Any]] = []
     settings = _input_settings(model, cfg, vocab, lengths, pad_id, low_id)
@@ -117,8 +142,8 @@ def bench_models(
         for name, ref in references.items():
             functions[name] = _runner(ref, batches)
         functions["gated_b1"] = _runner(lambda ids, mask: model(ids, mask, budget=1.0), batches)
-        for b, pm in pruned.items():
-            functions[f"pruned_{b}"] = _runner(pm, batches)
+        for key, (_, pm, _) in pruned.items():
+            functions[f"pruned_{key}"] = _runner(pm, batches)
         if sliced is not None:
             for b in kept_by_budget:
                 functions[f"sliced_{b}"] = (lambda budget, run: lambda: (sliced.set_budget(budget), run()))(b, _runner(sliced, batches))
@@ -127,12 +152,14 @@ def bench_models(
         ).items()}
         cost = model.cost_model(seq)
         dense_ms = latency["plain"]
-        for b, pm in pruned.items():
-            row = {"input": label, **speed_row(b, batch, seq, cfg.threads, dense_ms, latency[f"pruned_{b}"], pm.heads_per_layer, cost)}
+        for key, (b, pm, ffn_pruned) in pruned.items():
+            pruned_ms = latency[f"pruned_{key}"]
+            widths = pm.active_ffn_widths() if ffn_pruned else None
+            row = {"input": label, **speed_row(b, batch, seq, cfg.threads, dense_ms, pruned_ms, pm.heads_per_layer, cost, widths)}
             for name in references:
                 row[f"{name}_latency_ms"] = latency[name]
-                row[f"{name}_speedup"] = latency[name] / latency[f"pruned_{b}"]
-            if sliced is not None:
+                row[f"{name}_speedup"] = latency[name] / pruned_ms
+            if sliced is not None and row["scope"] == sliced_scope and b in kept_by_budget:
                 row["sliced_latency_ms"] = latency[f"sliced_{b}"]
                 row["sliced_speedup"] = dense_ms / latency[f"sliced_{b}"]
             rows.append(row)
@@ -167,10 +194,55 @@ def bench_models(
     return result
 
 
-def bench_ranking(model: GatedModel, ranking: HeadRanking, cfg: BenchConfig, **kwargs: Any) -> dict[str, Any]:
-    """:func:`bench_models` at ``cfg.budgets`` with the kept sets of one nested ranking (and the sliced layout)."""
-    kept = {b: ranking.kept_heads(b) for b in cfg.budgets}
-    return bench_models(model, kept, cfg, ranking=ranking, **kwargs)
+def bench_against_reference(
+    model: GatedModel,
+    candidates: dict[str, torch.nn.Module],
+    cfg: BenchConfig,
+    *,
+    lengths: list[int] | None = None,
+    vocab_size: int | None = None,
+    pad_id: int = 0,
+    low_id: int = 0,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Time other models (e.g. separately trained smaller encoders) against ``model``'s plain dense
+    reference, interleaved in the same rounds and on the same inputs as :func:`bench_models`.
+
+    Returns one row per (candidate, input setting): ``name, input, batch_size, seq_len, threads,
+    dense_latency_ms, latency_ms, speedup``.
+    """
+    model = model.eval()
+    vocab = vocab_size or _vocab_size(model)
+    low_id = min(low_id, vocab // 2)
+    plain = model.plain_reference().eval()
+    rows = []
+    for label, batch, seq, batches in tqdm(_input_settings(model, cfg, vocab, lengths, pad_id, low_id), desc="bench", disable=not progress, leave=False):
+        functions: dict[str, Callable[[], None]] = {"plain": _runner(plain, batches)}
+        for name, candidate in candidates.items():
+            functions[name] = _runner(candidate.eval(), batches)
+        latency = {k: v / len(batches) for k, v in measure_interleaved(
+            functions, threads=cfg.threads, rounds=cfg.rounds, min_run_time=cfg.min_run_time
+        ).items()}
+        for name in candidates:
+            rows.append({
+                "name": name, "input": label, "batch_size": batch, "seq_len": seq, "threads": cfg.threads,
+                "dense_latency_ms": latency["plain"], "latency_ms": latency[name], "speedup": latency["plain"] / latency[name],
+            })
+    return rows
+
+
+def bench_ranking(model: GatedModel, ranking: Ranking, cfg: BenchConfig, **kwargs: Any) -> dict[str, Any]:
+    """:func:`bench_models` at ``cfg.budgets`` with the kept sets of one nested ranking (and the sliced layout).
+
+    For an ``all``-scope ranking, head-only pruning at the same budgets (its head order, the FFN
+    whole) is timed in the same rounds, so both scopes stand side by side.
+    """
+    kept = {b: ranking.kept(b) for b in cfg.budgets}
+    extra = None
+    if isinstance(ranking, UnitRanking):
+        heads_only = ranking.head_ranking()
+        extra = {b: heads_only.kept(b) for b in cfg.budgets}
+    return bench_models(model, kept, cfg, ranking=ranking, extra_kept=extra, **kwargs)
 
 
 def check_lengths(model: GatedModel, seq_lens: list[int], what: str) -> None:
@@ -192,16 +264,18 @@ def bench_markdown(result: dict[str, Any]) -> str:
     refs = result.get("setting", {}).get("library_references", [])
     ref_header = "".join(f" speedup vs {name} |" for name in refs)
     lines = [
-        "| budget | input | batch | seq | threads | heads kept | dense ms | pruned ms | speedup | FLOP-ideal | speedup / ideal |"
+        "| budget | scope | input | batch | seq | threads | heads kept | FFN neurons per layer | FLOPs | dense ms | pruned ms | speedup | FLOP-ideal | speedup / ideal |"
         + ref_header + " sliced speedup |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(refs) + "---:|",
+        "|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(refs) + "---:|",
     ]
     for r in result["rows"]:
         sliced = f"{r['sliced_speedup']:.2f}x" if "sliced_speedup" in r else ""
         ref_cells = "".join(f" {r[f'{name}_speedup']:.2f}x |" if f"{name}_speedup" in r else " |" for name in refs)
+        ffn = r.get("ffn_per_layer")
+        flops = f"{100 * r['flops_fraction']:.0f}%" if "flops_fraction" in r else ""
         lines.append(
-            f"| {r['budget']:.2f} | {r.get('input', 'random')} | {r['batch_size']} | {r['seq_len']} | {r['threads']} | {r['heads_kept']} "
-            f"{r['heads_per_layer']} | {r['dense_latency_ms']:.3f} | {r['latency_ms']:.3f} | {r['speedup']:.2f}x | "
+            f"| {r['budget']:.2f} | {r.get('scope', 'heads')} | {r.get('input', 'random')} | {r['batch_size']} | {r['seq_len']} | {r['threads']} | {r['heads_kept']} "
+            f"{r['heads_per_layer']} | {'all' if ffn is None else ffn} | {flops} | {r['dense_latency_ms']:.3f} | {r['latency_ms']:.3f} | {r['speedup']:.2f}x | "
             f"{r['ideal_speedup']:.2f}x | {r['efficiency']:.2f} |{ref_cells} {sliced} |"
         )
     lines += ["", "| input | batch | seq | plain dense ms | gated model at b=1 ms | overhead |", "|---|---:|---:|---:|---:|---:|"]

@@ -289,6 +289,22 @@ def attention_output_dense(layer: nn.Module) -> nn.Linear:
     return layer.attention.output.dense
 
 
+def intermediate(layer: nn.Module) -> nn.Module:
+    """The first feed-forward module of one encoder layer (``layer.intermediate``: dense + activation)."""
+    return layer.intermediate
+
+
+def set_intermediate(layer: nn.Module, module: nn.Module) -> None:
+    """Install ``module`` as the layer's ``intermediate`` (in the layer's train/eval mode)."""
+    module.train(layer.training)
+    layer.intermediate = module
+
+
+def ffn_output_dense(layer: nn.Module) -> nn.Linear:
+    """The second feed-forward projection (``layer.output.dense``); its input columns follow the FFN neurons."""
+    return layer.output.dense
+
+
 def uses_token_type_ids(hf_model: nn.Module) -> bool:
     """Whether the model was pretrained with segment ids (BERT, ELECTRA; not RoBERTa/XLM-R)."""
     family = _family_of(hf_model)

@@ -27,12 +27,16 @@ from budgeted_attention.hf.architectures import (
     attention_output_dense,
     classifier_from_config,
     encoder_layers,
+    ffn_output_dense,
+    intermediate,
     load_pretrained_classifier,
     self_attention,
+    set_intermediate,
     set_self_attention,
     unmodified_reference,
 )
 from budgeted_attention.model.family import GatedModel
+from budgeted_attention.model.gates import UnitGates
 
 
 def minilm_path() -> Path:
@@ -116,26 +120,84 @@ class GatedBertSelfAttention(nn.Module):
         self.num_heads = self.active_heads = len(positions)
 
 
+class GatedBertIntermediate(nn.Module):
+    """Drop-in for ``BertIntermediate`` (dense + activation) with gates over neuron groups and
+    prefix slicing; the weights stay ``intermediate.dense`` so checkpoints load unchanged.
+
+    Width 0 returns a (batch, seq, 0) tensor, so ``output.dense`` contributes only its bias.
+    """
+
+    def __init__(self, source: nn.Module, group_size: int) -> None:
+        super().__init__()
+        self.dense = source.dense
+        self.intermediate_act_fn = source.intermediate_act_fn
+        self.group_size = group_size
+        self.active_width = self.dense.out_features
+        self.group_gates: torch.Tensor | None = None  # (active groups,), set by GatedBertClassifier per forward
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        width = self.active_width
+        if width == 0:
+            return hidden_states.new_zeros(*hidden_states.shape[:-1], 0)
+        if width == self.dense.out_features:
+            h = self.intermediate_act_fn(self.dense(hidden_states))
+        else:
+            h = self.intermediate_act_fn(F.linear(hidden_states, self.dense.weight[:width], self.dense.bias[:width]))
+        if self.group_gates is not None:
+            h = h * self.group_gates.to(h.dtype).repeat_interleave(self.group_size)
+        return h
+
+    @torch.no_grad()
+    def keep_neurons(self, neurons: list[int], output_dense: nn.Linear) -> None:
+        """Keep only the neurons at ``neurons`` (in that order) here and in the output projection."""
+        index = torch.tensor(neurons, dtype=torch.long)
+        self.dense.weight = nn.Parameter(self.dense.weight[index].clone())
+        self.dense.bias = nn.Parameter(self.dense.bias[index].clone())
+        self.dense.out_features = len(neurons)
+        output_dense.weight = nn.Parameter(output_dense.weight[:, index].clone())
+        output_dense.in_features = len(neurons)
+        self.active_width = len(neurons)
+
+
 class GatedBertClassifier(GatedModel):
     """A transformers sequence classifier of the BERT family with budget gates over its (layer, head) grid."""
 
     family = "bert"
 
-    def __init__(self, hf_model: nn.Module, head_ids: list[list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        hf_model: nn.Module,
+        head_ids: list[list[int]] | None = None,
+        *,
+        ffn_group_size: int = 0,
+        group_ids: list[list[int]] | None = None,
+    ) -> None:
+        """Wrap ``hf_model``; ``ffn_group_size`` > 0 puts its feed-forward neurons under the budget
+        (groups of that many neurons). ``head_ids``/``group_ids`` rebuild a saved pruned or sorted
+        layout (shapes first; the weights are loaded afterwards)."""
         super().__init__()
         self.hf = hf_model
         cfg = hf_model.config
         self.attentions: list[GatedBertSelfAttention] = []
         self.output_denses: list[PrefixInputLinear] = []
+        self.intermediates: list[GatedBertIntermediate] = []
+        self.ffn_output_denses: list[PrefixInputLinear] = []
         for layer in encoder_layers(hf_model):
             if not isinstance(self_attention(layer), GatedBertSelfAttention):
                 set_self_attention(layer, GatedBertSelfAttention(self_attention(layer)))
             self.attentions.append(self_attention(layer))
             self.output_denses.append(PrefixInputLinear.from_linear(attention_output_dense(layer)))
-        self._init_heads(cfg.num_hidden_layers, cfg.num_attention_heads)
-        if head_ids is not None:
-            # Rebuilding a saved pruned/sorted model: shapes first (weights are loaded afterwards).
-            self.keep_heads(head_ids)
+            if ffn_group_size > 0:
+                if not isinstance(intermediate(layer), GatedBertIntermediate):
+                    set_intermediate(layer, GatedBertIntermediate(intermediate(layer), ffn_group_size))
+                self.intermediates.append(intermediate(layer))
+                self.ffn_output_denses.append(PrefixInputLinear.from_linear(ffn_output_dense(layer)))
+        self._init_heads(
+            cfg.num_hidden_layers, cfg.num_attention_heads, ffn_width=cfg.intermediate_size, group_size=ffn_group_size
+        )
+        if head_ids is not None or group_ids is not None:
+            full = [list(range(cfg.num_attention_heads))] * cfg.num_hidden_layers
+            self.keep_units(head_ids if head_ids is not None else full, group_ids)
 
     def forward(
         self,
@@ -144,7 +206,7 @@ class GatedBertClassifier(GatedModel):
         token_type_ids: torch.Tensor | None = None,
         *,
         budget: float | None = None,
-        gates: torch.Tensor | None = None,
+        gates: torch.Tensor | UnitGates | None = None,
     ) -> torch.Tensor:
         """(batch, n_classes) logits; gating as in ``EncoderClassifier.forward``.
 
@@ -152,16 +214,20 @@ class GatedBertClassifier(GatedModel):
             input_ids: (batch, seq) token ids.
             attention_mask: optional (batch, seq), 1 for real tokens.
             token_type_ids: optional (batch, seq) segment ids (sentence pairs).
-            budget: attention budget in (0, 1]; gates: explicit full-grid (n_layers, n_heads) gates.
+            budget: budget in (0, 1]; gates: explicit full-grid gates (tensor or :class:`UnitGates`).
         """
-        per_layer = self.layer_gates(budget, gates)
+        head_gates, group_gates = self.layer_unit_gates(budget, gates)
         for layer, attention in enumerate(self.attentions):
-            attention.head_gates = None if per_layer is None else per_layer[layer]
+            attention.head_gates = None if head_gates is None else head_gates[layer]
+        for layer, module in enumerate(self.intermediates):
+            module.group_gates = None if group_gates is None else group_gates[layer]
         try:
             return self.hf(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
         finally:
             for attention in self.attentions:
                 attention.head_gates = None
+            for module in self.intermediates:
+                module.group_gates = None
 
     # ------------------------------------------------------------------ family hooks
 
@@ -179,6 +245,30 @@ class GatedBertClassifier(GatedModel):
             attention.active_heads = count
             dense.active_in = count * attention.head_dim
 
+    def _physical_keep_ffn(self, positions: list[list[int]]) -> None:
+        gs = self.group_size
+        for module, dense, layer_positions in zip(self.intermediates, self.ffn_output_denses, positions):
+            module.keep_neurons([p * gs + i for p in layer_positions for i in range(gs)], dense)
+            dense.active_in = None
+
+    def _set_active_ffn(self, counts: list[int]) -> None:
+        for module, dense, count in zip(self.intermediates, self.ffn_output_denses, counts):
+            module.active_width = dense.active_in = count * self.group_size
+
+    def _permute_ffn(self, orders: list[list[int]]) -> None:
+        for module, dense, order in zip(self.intermediates, self.ffn_output_denses, orders):
+            module.keep_neurons(order, dense)
+            dense.active_in = None
+
+    def ffn_widths(self) -> list[int]:
+        return [intermediate(layer).dense.out_features for layer in encoder_layers(self.hf)]
+
+    def ffn_activations(self) -> list[nn.Module]:
+        if not self.intermediates:
+            # Ungated FFN: the transformers module's output is the activation as well.
+            return [intermediate(layer) for layer in encoder_layers(self.hf)]
+        return list(self.intermediates)
+
     def cost_model(self, seq_len: int):
         return bert_cost_model(self.hf.config, seq_len)
 
@@ -193,12 +283,18 @@ class GatedBertClassifier(GatedModel):
         return {"transformers": _TransformersCall(unmodified_reference(self.hf))}
 
     def describe(self) -> dict:
-        return {"hf_config": self.hf.config.to_dict(), "head_ids": self.head_ids}
+        description = {"hf_config": self.hf.config.to_dict(), "head_ids": self.head_ids}
+        if self.has_ffn_units:
+            description.update(ffn_group_size=self.group_size, group_ids=self.group_ids)
+        return description
 
     @classmethod
     def from_description(cls, description: dict) -> GatedBertClassifier:
         hf = classifier_from_config(description["hf_config"])
-        return cls(hf, head_ids=description.get("head_ids"))
+        return cls(
+            hf, head_ids=description.get("head_ids"),
+            ffn_group_size=int(description.get("ffn_group_size", 0)), group_ids=description.get("group_ids"),
+        )
 
 
 class _UngatedCopy(nn.Module):
@@ -223,14 +319,14 @@ class _TransformersCall(nn.Module):
         return self.hf(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
 
 
-def load_gated_bert(path: str | Path, num_labels: int, *, log=None) -> GatedBertClassifier:
+def load_gated_bert(path: str | Path, num_labels: int, *, log=None, ffn_group_size: int = 0) -> GatedBertClassifier:
     """Load a local (or, with network, hub) pretrained checkpoint of a supported family with gates.
 
     The architecture is checked and every encoder weight must come from the checkpoint (only a
     new classification head may be initialised): see :mod:`budgeted_attention.hf.architectures`.
     """
     hf = load_pretrained_classifier(str(path), num_labels, log=log)
-    return GatedBertClassifier(hf.eval())
+    return GatedBertClassifier(hf.eval(), ffn_group_size=ffn_group_size)
 
 
 def bert_max_len(cfg) -> int:

@@ -31,6 +31,10 @@ class ModelConfig:
             Structurally pruned models have uneven counts (0 allowed: the layer skips attention).
         head_ids: per layer, the original head index of each physical head (storage order);
             empty means the identity layout. Derived from ``heads_per_layer`` when not given.
+        ffn_group_size: feed-forward neurons per gated group (``budget_scope: all``); 0 keeps the
+            feed-forward blocks out of the budget (the paper). Must divide ``d_ff``.
+        ffn_group_ids: per layer, the original group index of each physical FFN group (storage
+            order); empty means every group in its original order.
     """
 
     vocab_size: int = 64
@@ -46,6 +50,8 @@ class ModelConfig:
     pooling: str = "cls"
     heads_per_layer: list[int] = field(default_factory=list)
     head_ids: list[list[int]] = field(default_factory=list)
+    ffn_group_size: int = 0
+    ffn_group_ids: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_classes", "max_len", "d_model", "n_layers", "n_heads"):
@@ -87,6 +93,37 @@ class ModelConfig:
             )
         if not self.head_ids:
             self.head_ids = [list(range(n)) for n in self.heads_per_layer]
+        self._check_ffn_groups()
+
+    def _check_ffn_groups(self) -> None:
+        check_int(self.ffn_group_size, "model.ffn_group_size", ge=0)
+        if self.ffn_group_size == 0:
+            if self.ffn_group_ids:
+                raise ConfigError("model.ffn_group_ids needs model.ffn_group_size > 0")
+            return
+        if self.d_ff == 0 or self.d_ff % self.ffn_group_size:
+            raise ConfigError(f"model.ffn_group_size ({self.ffn_group_size}) must divide model.d_ff ({self.d_ff}), which must be > 0")
+        if self.ffn_group_ids:
+            from budgeted_attention.model.family import validate_head_ids  # noqa: PLC0415
+
+            try:
+                self.ffn_group_ids = validate_head_ids(self.ffn_group_ids, self.n_layers, self.n_groups)
+            except ValueError as exc:
+                raise ConfigError(f"model.ffn_group_ids: {exc}") from None
+        else:
+            self.ffn_group_ids = [list(range(self.n_groups)) for _ in range(self.n_layers)]
+
+    @property
+    def n_groups(self) -> int:
+        """FFN neuron groups per unpruned layer (0 when the FFN is not gated)."""
+        return self.d_ff // self.ffn_group_size if self.ffn_group_size else 0
+
+    @property
+    def ffn_widths(self) -> list[int]:
+        """Physical FFN neurons per layer."""
+        if not self.ffn_group_size:
+            return [self.d_ff] * self.n_layers
+        return [len(ids) * self.ffn_group_size for ids in self.ffn_group_ids]
 
     @property
     def total_heads(self) -> int:
@@ -95,11 +132,12 @@ class ModelConfig:
 
     @property
     def is_pruned(self) -> bool:
-        return any(h != self.n_heads for h in self.heads_per_layer)
+        return any(h != self.n_heads for h in self.heads_per_layer) or any(w != self.d_ff for w in self.ffn_widths)
 
-    def unpruned(self) -> ModelConfig:
-        """The same shape with every head present in its original order."""
-        return dataclasses.replace(self, heads_per_layer=[], head_ids=[])
+    def unpruned(self, **changes: Any) -> ModelConfig:
+        """The same shape (with ``changes``, e.g. ``d_model=96``) and every head (and FFN group)
+        present in its original order."""
+        return dataclasses.replace(self, **{**changes, "heads_per_layer": [], "head_ids": [], "ffn_group_ids": []})
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -10,6 +10,12 @@ A pruned or re-ordered model records, per layer, which original head each of its
 is (``head_ids``). Every forward pass re-indexes the full-grid gates to the physical heads, so
 ``model(ids, budget=b)`` on a pruned or sorted model means exactly what it means on the full
 model restricted to the heads it still has.
+
+Feed-forward groups (``budget_scope: all``). A model built with ``ffn_group_size`` > 0 also has
+``ffn_gates`` over a (n_layers, n_groups) grid of FFN neuron groups (``group_size`` consecutive
+neurons of the first FFN layer, after the neurons were sorted by importance). Groups follow the
+same rules as heads: ``group_ids`` names the original group of each physical group, surgery
+removes groups, prefix slicing serves nested budgets.
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from budgeted_attention.budget import validate_budget
 from budgeted_attention.model.cost import CostModel
-from budgeted_attention.model.gates import BudgetGates
+from budgeted_attention.model.gates import BudgetGates, UnitGates, as_unit_gates
 
 
 def identity_head_ids(n_layers: int, n_heads: int) -> list[list[int]]:
@@ -57,12 +64,41 @@ class GatedModel(nn.Module):
 
     family: ClassVar[str] = ""
 
-    def _init_heads(self, n_layers: int, n_heads: int, head_ids: list[list[int]] | None = None) -> None:
+    def _init_heads(
+        self,
+        n_layers: int,
+        n_heads: int,
+        head_ids: list[list[int]] | None = None,
+        *,
+        ffn_width: int = 0,
+        group_size: int = 0,
+        group_ids: list[list[int]] | None = None,
+    ) -> None:
+        """Set up the gate grids: heads always; FFN groups when ``group_size`` > 0.
+
+        Args:
+            ffn_width: neurons of one unpruned feed-forward block (d_ff); must be a multiple of
+                ``group_size`` when groups are used.
+        """
         self.n_layers, self.n_heads = n_layers, n_heads
         self.gates = BudgetGates(n_layers, n_heads)
         self.head_ids = validate_head_ids(head_ids, n_layers, n_heads) if head_ids else identity_head_ids(n_layers, n_heads)
         self._active = [len(h) for h in self.head_ids]
         self._gate_index: list[torch.Tensor] | None = None
+        self.group_size = int(group_size)
+        self.n_groups = 0
+        self.ffn_gates: BudgetGates | None = None
+        self.group_ids: list[list[int]] = []
+        if self.group_size > 0:
+            if ffn_width <= 0 or ffn_width % self.group_size:
+                raise ValueError(f"ffn_group_size ({group_size}) must divide the feed-forward width ({ffn_width})")
+            self.n_groups = ffn_width // self.group_size
+            self.ffn_gates = BudgetGates(n_layers, self.n_groups)
+            self.group_ids = (
+                validate_head_ids(group_ids, n_layers, self.n_groups) if group_ids else identity_head_ids(n_layers, self.n_groups)
+            )
+        self._active_groups = [len(g) for g in self.group_ids]
+        self._group_index: list[torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ shape
 
@@ -72,13 +108,24 @@ class GatedModel(nn.Module):
         return [len(h) for h in self.head_ids]
 
     @property
+    def groups_per_layer(self) -> list[int]:
+        """FFN groups physically present per layer (empty list when the FFN is not gated)."""
+        return [len(g) for g in self.group_ids]
+
+    @property
+    def has_ffn_units(self) -> bool:
+        """True when the feed-forward blocks are under the budget (``budget_scope: all``)."""
+        return self.ffn_gates is not None
+
+    @property
     def is_pruned(self) -> bool:
-        return any(n != self.n_heads for n in self.heads_per_layer)
+        return any(n != self.n_heads for n in self.heads_per_layer) or any(g != self.n_groups for g in self.groups_per_layer)
 
     @property
     def is_identity_layout(self) -> bool:
-        """True when every head is present in its original order (no surgery, no sorting)."""
-        return self.head_ids == identity_head_ids(self.n_layers, self.n_heads)
+        """True when every head (and group) is present in its original order (no surgery, no sorting)."""
+        groups_identity = not self.group_ids or self.group_ids == identity_head_ids(self.n_layers, self.n_groups)
+        return self.head_ids == identity_head_ids(self.n_layers, self.n_heads) and groups_identity
 
     @property
     def max_len(self) -> int:  # pragma: no cover - abstract
@@ -93,32 +140,88 @@ class GatedModel(nn.Module):
         """Original indices of the heads the forward pass runs, per layer."""
         return [ids[:n] for ids, n in zip(self.head_ids, self._active)]
 
+    def active_groups(self) -> list[int]:
+        """FFN groups used per layer in forward (a prefix of the physical groups)."""
+        return list(self._active_groups)
+
+    def active_group_ids(self) -> list[list[int]]:
+        """Original indices of the FFN groups the forward pass runs, per layer."""
+        return [ids[:n] for ids, n in zip(self.group_ids, self._active_groups)]
+
+    def active_ffn_widths(self) -> list[int] | None:
+        """FFN neurons run per layer, or None when the FFN is not gated (always whole)."""
+        return [n * self.group_size for n in self._active_groups] if self.has_ffn_units else None
+
     # ------------------------------------------------------------------ gates
 
-    def layer_gates(self, budget: float | None = None, gates: torch.Tensor | None = None) -> list[torch.Tensor | None] | None:
-        """Per layer, the gates of the active physical heads (re-indexed from the full grid).
+    def unit_gates(self, budget: float) -> UnitGates:
+        """Soft gates g(b) of every unit: heads, and FFN groups when they are gated. Full grids."""
+        return UnitGates(self.gates(budget), None if self.ffn_gates is None else self.ffn_gates(budget))
 
-        Args:
-            budget: attention budget in (0, 1]; b = 1 is the ungated dense path.
-            gates: explicit (n_layers, n_heads) full-grid gate values (overrides ``budget``).
+    def unit_importance(self, grid_points: int = 20) -> UnitGates:
+        """Budget-invariant importance of every unit (area under its gate curve), full grids."""
+        return UnitGates(
+            self.gates.importance(grid_points), None if self.ffn_gates is None else self.ffn_gates.importance(grid_points)
+        )
 
-        Returns:
-            None for the ungated fast path, else one (active heads,) tensor per layer.
-        """
-        if gates is not None and tuple(gates.shape) != (self.n_layers, self.n_heads):
+    def unit_costs(self, seq_len: int) -> UnitGates:
+        """FLOPs per unit at ``seq_len`` tokens: heads, and FFN groups when they are gated."""
+        return self.cost_model(seq_len).unit_costs(self.group_size if self.has_ffn_units else 0)
+
+    def _check_gates(self, gates: UnitGates) -> None:
+        if tuple(gates.heads.shape) != (self.n_layers, self.n_heads):
             raise ValueError(
                 f"gates must have the full-grid shape ({self.n_layers}, {self.n_heads}) even for a pruned model, "
-                f"got {tuple(gates.shape)}"
+                f"got {tuple(gates.heads.shape)}"
             )
-        matrix = self.gates.resolve(budget, gates)
-        if matrix is None:
-            return None
+        if gates.ffn is not None:
+            if not self.has_ffn_units:
+                raise ValueError("FFN gates given, but this model's feed-forward blocks are not gated (ffn_group_size 0)")
+            if tuple(gates.ffn.shape) != (self.n_layers, self.n_groups):
+                raise ValueError(f"FFN gates must have the full-grid shape ({self.n_layers}, {self.n_groups}), got {tuple(gates.ffn.shape)}")
+
+    def layer_unit_gates(
+        self, budget: float | None = None, gates: torch.Tensor | UnitGates | None = None
+    ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
+        """Per layer, the gates of the active physical heads and FFN groups (re-indexed).
+
+        Args:
+            budget: budget in (0, 1]; b = 1 is the ungated dense path.
+            gates: explicit full-grid gates (overrides ``budget``): a (n_layers, n_heads) tensor
+                (heads only, FFN ungated) or :class:`UnitGates`.
+
+        Returns:
+            (head gates, FFN group gates): each None (ungated) or one tensor per layer of shape
+            (active heads,) / (active groups,).
+        """
+        explicit = as_unit_gates(gates)
+        if explicit is not None:
+            self._check_gates(explicit)
+            resolved: UnitGates | None = explicit
+        elif budget is None or validate_budget(budget) == 1.0:
+            resolved = None  # g(1) = 1 for every unit: b = 1 is the dense model, no gate code
+        else:
+            resolved = self.unit_gates(budget)
+        if resolved is None:
+            return None, None
         if self._gate_index is None:
             self._gate_index = [torch.tensor(ids, dtype=torch.long) for ids in self.active_head_ids()]
             self._identity = self.active_head_ids() == identity_head_ids(self.n_layers, self.n_heads)
-        if self._identity:
+            self._group_index = [torch.tensor(ids, dtype=torch.long) for ids in self.active_group_ids()]
+            self._group_identity = self.active_group_ids() == identity_head_ids(self.n_layers, self.n_groups)
+        heads = self._reindex(resolved.heads, self._gate_index, self._identity)
+        ffn = None if resolved.ffn is None else self._reindex(resolved.ffn, self._group_index, self._group_identity)
+        return heads, ffn
+
+    @staticmethod
+    def _reindex(matrix: torch.Tensor, index: list[torch.Tensor], identity: bool) -> list[torch.Tensor]:
+        if identity:
             return list(matrix.unbind(0))
-        return [matrix[layer].index_select(0, index.to(matrix.device)) for layer, index in enumerate(self._gate_index)]
+        return [matrix[layer].index_select(0, ids.to(matrix.device)) for layer, ids in enumerate(index)]
+
+    def layer_gates(self, budget: float | None = None, gates: torch.Tensor | UnitGates | None = None) -> list[torch.Tensor] | None:
+        """Per layer, the gates of the active physical heads only (see :meth:`layer_unit_gates`)."""
+        return self.layer_unit_gates(budget, gates)[0]
 
     def full_grid_mask(self) -> torch.Tensor:
         """(n_layers, n_heads) 0/1 mask of the heads the forward pass runs."""
@@ -127,46 +230,106 @@ class GatedModel(nn.Module):
             mask[layer, heads] = 1.0
         return mask
 
+    def full_grid_masks(self) -> UnitGates:
+        """0/1 masks of the heads and (when gated) FFN groups the forward pass runs."""
+        if not self.has_ffn_units:
+            return UnitGates(self.full_grid_mask(), None)
+        groups = torch.zeros(self.n_layers, self.n_groups)
+        for layer, ids in enumerate(self.active_group_ids()):
+            groups[layer, ids] = 1.0
+        return UnitGates(self.full_grid_mask(), groups)
+
     # ------------------------------------------------------------------ surgery and slicing
 
-    @torch.no_grad()
-    def keep_heads(self, kept: list[list[int]]) -> None:
-        """Physically keep, per layer, the heads ``kept[l]`` (ORIGINAL head indices, in that order).
+    @staticmethod
+    def _positions(kept: list[list[int]], present_ids: list[list[int]], n_layers: int, n_units: int, what: str) -> list[list[int]]:
+        """Storage positions of the kept original unit ids, per layer (checked)."""
+        if len(kept) != n_layers:
+            raise ValueError(f"expected {n_layers} {what} lists, got {len(kept)}")
+        kept = validate_head_ids(kept, n_layers, n_units)
+        positions = []
+        for layer, units in enumerate(kept):
+            present = present_ids[layer]
+            missing = [u for u in units if u not in present]
+            if missing:
+                raise ValueError(f"layer {layer} no longer has {what}(s) {missing} (present: {present})")
+            positions.append([present.index(u) for u in units])
+        return positions
 
-        Works on pruned and sorted models too, as long as every requested head is still present.
+    @torch.no_grad()
+    def keep_units(self, heads: list[list[int]], groups: list[list[int]] | None = None) -> None:
+        """Physically keep, per layer, the heads ``heads[l]`` and FFN groups ``groups[l]``
+        (ORIGINAL indices, in that order; ``groups`` None leaves the FFN as it is).
+
+        Works on pruned and sorted models too, as long as every requested unit is still present.
         Uneven counts and empty layers are allowed.
         """
-        if len(kept) != self.n_layers:
-            raise ValueError(f"expected {self.n_layers} head lists, got {len(kept)}")
-        kept = validate_head_ids(kept, self.n_layers, self.n_heads)
-        positions = []
-        for layer, heads in enumerate(kept):
-            present = self.head_ids[layer]
-            missing = [h for h in heads if h not in present]
-            if missing:
-                raise ValueError(f"layer {layer} no longer has head(s) {missing} (present: {present})")
-            positions.append([present.index(h) for h in heads])
-        self._physical_keep(positions)
-        self.head_ids = [[int(h) for h in heads] for heads in kept]
+        head_positions = self._positions(heads, self.head_ids, self.n_layers, self.n_heads, "head")
+        group_positions = None
+        if groups is not None:
+            if not self.has_ffn_units:
+                raise ValueError("FFN groups given, but this model's feed-forward blocks are not gated (ffn_group_size 0)")
+            group_positions = self._positions(groups, self.group_ids, self.n_layers, self.n_groups, "FFN group")
+        self._physical_keep(head_positions)
+        self.head_ids = [[int(h) for h in layer] for layer in heads]
         self._active = [len(h) for h in self.head_ids]
+        if group_positions is not None:
+            self._physical_keep_ffn(group_positions)
+            self.group_ids = [[int(g) for g in layer] for layer in groups]  # type: ignore[union-attr]
+            self._active_groups = [len(g) for g in self.group_ids]
         self._gate_index = None
+        self._after_surgery()
+
+    def keep_heads(self, kept: list[list[int]]) -> None:
+        """Physically keep, per layer, the heads ``kept[l]`` (see :meth:`keep_units`)."""
+        self.keep_units(kept, None)
+
+    def set_active(self, head_counts: list[int], group_counts: list[int] | None = None) -> None:
+        """Run only the first ``head_counts[l]`` physical heads (and ``group_counts[l]`` FFN groups)
+        of layer l: views of the weights, no copies."""
+        self._check_counts(head_counts, self.heads_per_layer, "head")
+        if group_counts is not None:
+            if not self.has_ffn_units:
+                raise ValueError("FFN group counts given, but this model's feed-forward blocks are not gated")
+            self._check_counts(group_counts, self.groups_per_layer, "FFN group")
+        self._set_active(list(head_counts))
+        self._active = list(head_counts)
+        if group_counts is not None:
+            self._set_active_ffn(list(group_counts))
+            self._active_groups = list(group_counts)
+        self._gate_index = None
+
+    def _check_counts(self, counts: list[int], present: list[int], what: str) -> None:
+        if len(counts) != self.n_layers:
+            raise ValueError(f"expected {self.n_layers} {what} counts, got {counts!r}")
+        for layer, (count, have) in enumerate(zip(counts, present)):
+            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= have:
+                raise ValueError(f"active {what} count of layer {layer} must be in [0, {have}], got {count!r}")
 
     def set_active_heads(self, counts: list[int]) -> None:
         """Run only the first ``counts[l]`` physical heads of layer l (views, no copies)."""
-        if len(counts) != self.n_layers:
-            raise ValueError(f"expected {self.n_layers} head counts, got {counts!r}")
-        for layer, (count, present) in enumerate(zip(counts, self.heads_per_layer)):
-            if not 0 <= count <= present:
-                raise ValueError(f"active head count of layer {layer} must be in [0, {present}], got {count!r}")
-        self._set_active(list(counts))
-        self._active = list(counts)
-        self._gate_index = None
+        self.set_active(counts, None)
 
-    def pruned_copy(self, kept: list[list[int]]) -> GatedModel:
-        """A physically smaller copy keeping ``kept[l]`` original heads per layer (eval mode)."""
+    def pruned_copy(self, kept: list[list[int]], groups: list[list[int]] | None = None) -> GatedModel:
+        """A physically smaller copy keeping ``kept[l]`` original heads (and ``groups[l]`` FFN groups)
+        per layer (eval mode)."""
         copied = copy.deepcopy(self)
-        copied.keep_heads(kept)
+        copied.keep_units(kept, groups)
         return copied.eval()
+
+    @torch.no_grad()
+    def sort_ffn_neurons(self, orders: list[list[int]]) -> None:
+        """Permute each layer's FFN neurons into ``orders[l]`` (function-preserving), so that groups
+        of consecutive neurons hold neurons of similar importance. Only on the unpruned layout."""
+        if not self.is_identity_layout:
+            raise ValueError("sort the FFN neurons before any pruning or sorting of units")
+        widths = self.ffn_widths()
+        if len(orders) != self.n_layers:
+            raise ValueError(f"expected {self.n_layers} neuron orders, got {len(orders)}")
+        for layer, (order, width) in enumerate(zip(orders, widths)):
+            if sorted(int(i) for i in order) != list(range(width)):
+                raise ValueError(f"neuron order of layer {layer} must be a permutation of range({width})")
+        self._permute_ffn([[int(i) for i in order] for order in orders])
 
     # ------------------------------------------------------------------ family hooks
 
@@ -175,6 +338,29 @@ class GatedModel(nn.Module):
         raise NotImplementedError
 
     def _set_active(self, counts: list[int]) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _after_surgery(self) -> None:
+        """Family hook: refresh derived state (e.g. a config) after :meth:`keep_units`."""
+
+    def _physical_keep_ffn(self, positions: list[list[int]]) -> None:  # pragma: no cover - abstract
+        """Keep physical FFN groups at ``positions[l]`` (storage positions, in that order)."""
+        raise NotImplementedError
+
+    def _set_active_ffn(self, counts: list[int]) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _permute_ffn(self, orders: list[list[int]]) -> None:  # pragma: no cover - abstract
+        """Permute FFN neurons of every layer (rows of the first linear, columns of the second)."""
+        raise NotImplementedError
+
+    def ffn_widths(self) -> list[int]:  # pragma: no cover - abstract
+        """Physical FFN neurons per layer."""
+        raise NotImplementedError
+
+    def ffn_activations(self) -> list[nn.Module]:  # pragma: no cover - abstract
+        """Per layer, the module whose output is the FFN hidden activation (batch, seq, width):
+        used to score neurons by gradient x activation on training data."""
         raise NotImplementedError
 
     def cost_model(self, seq_len: int) -> CostModel:  # pragma: no cover - abstract

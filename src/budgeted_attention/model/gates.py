@@ -7,6 +7,7 @@ budget to be turned into a structurally smaller model.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -18,9 +19,10 @@ _UNIT_SLOPE_RAW = math.log(math.e - 1.0)
 
 
 class BudgetGates(nn.Module):
-    """One gate per (layer, head), monotone non-decreasing in the budget.
+    """One gate per unit of a (layer, unit) grid, monotone non-decreasing in the budget.
 
-    Parameters ``bias`` (a) and ``slope_raw`` (s) have shape (n_layers, n_heads).
+    Units are attention heads (``model.gates``) or feed-forward neuron groups (``model.ffn_gates``).
+    Parameters ``bias`` (a) and ``slope_raw`` (s) have shape (n_layers, n_units).
     ``g(1) = 1`` exactly (logit(1) = +inf); ``g(b) -> 0`` as ``b -> 0`` because the slope is positive.
     """
 
@@ -67,3 +69,33 @@ class BudgetGates(nn.Module):
         """
         grid = [(i + 0.5) / grid_points for i in range(grid_points)]
         return torch.stack([self(b) for b in grid]).mean(dim=0)
+
+
+@dataclass(frozen=True)
+class UnitGates:
+    """Gate values (or masks, importance scores, FLOP costs) over every gated unit of a model.
+
+    The full grid of the unpruned model, whatever the physical layout:
+
+    * ``heads``: (n_layers, n_heads), one value per attention head;
+    * ``ffn``: (n_layers, n_groups), one value per feed-forward neuron group, or None when the
+      feed-forward blocks are not under the budget (``budget_scope: heads``, the paper).
+    """
+
+    heads: torch.Tensor
+    ffn: torch.Tensor | None = None
+
+    def parts(self) -> list[torch.Tensor]:
+        """The non-empty tensors, heads first."""
+        return [self.heads] if self.ffn is None else [self.heads, self.ffn]
+
+    def map(self, fn) -> UnitGates:
+        """``fn`` applied to every part (None stays None)."""
+        return UnitGates(fn(self.heads), None if self.ffn is None else fn(self.ffn))
+
+
+def as_unit_gates(gates: torch.Tensor | UnitGates | None) -> UnitGates | None:
+    """A bare (n_layers, n_heads) tensor means head gates with the FFN ungated."""
+    if gates is None or isinstance(gates, UnitGates):
+        return gates
+    return UnitGates(gates, None)

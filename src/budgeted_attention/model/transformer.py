@@ -14,6 +14,7 @@ from budgeted_attention.model.attention import GatedSelfAttention
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.family import GatedModel
+from budgeted_attention.model.gates import UnitGates
 
 
 def sinusoidal_positions(max_len: int, d_model: int, amplitude: float = 0.5) -> torch.Tensor:
@@ -31,22 +32,59 @@ def sinusoidal_positions(max_len: int, d_model: int, amplitude: float = 0.5) -> 
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+    """fc2(GELU(fc1(x))) with optional gates over groups of ``group_size`` consecutive neurons.
+
+    Prefix slicing (instant switching): the first ``active_width`` neurons run, i.e. rows of
+    ``fc1`` and columns of ``fc2`` (strided views, no copies). Width 0 returns ``fc2``'s bias,
+    the constant fully-gated neurons would give.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, group_size: int = 0) -> None:
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
+        self.act = nn.GELU()
         self.fc2 = nn.Linear(d_ff, d_model)
         self.dropout = nn.Dropout(dropout)
+        self.group_size = group_size
+        self.active_width = d_ff
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.fc2(F.gelu(self.fc1(x)))
+    @property
+    def width(self) -> int:
+        """Physical neurons."""
+        return self.fc1.out_features
+
+    def forward(self, x: torch.Tensor, group_gates: torch.Tensor | None = None) -> torch.Tensor:
+        """(batch, seq, d_model) -> (batch, seq, d_model); ``group_gates``: (active groups,) or None."""
+        width = self.active_width
+        if width == 0:
+            return self.fc2.bias.expand(*x.shape[:-1], self.fc2.out_features)
+        if width == self.width:
+            h = self.act(self.fc1(x))
+            w2 = self.fc2.weight
+        else:
+            h = self.act(F.linear(x, self.fc1.weight[:width], self.fc1.bias[:width]))
+            w2 = self.fc2.weight[:, :width]
+        if group_gates is not None:
+            h = h * group_gates.to(h.dtype).repeat_interleave(self.group_size)
+        y = F.linear(h, w2, self.fc2.bias)
         # Dropout modules only in training: in eval they are identities whose calls cost time.
         return self.dropout(y) if self.training else y
+
+    @torch.no_grad()
+    def keep_neurons(self, neurons: list[int]) -> None:
+        """Physically keep only the neurons at ``neurons`` (storage indices, in this order)."""
+        index = torch.tensor(neurons, dtype=torch.long)
+        self.fc1.weight = nn.Parameter(self.fc1.weight[index].clone())
+        self.fc1.bias = nn.Parameter(self.fc1.bias[index].clone())
+        self.fc2.weight = nn.Parameter(self.fc2.weight[:, index].clone())
+        self.fc1.out_features = self.fc2.in_features = len(neurons)
+        self.active_width = len(neurons)
 
 
 class EncoderBlock(nn.Module):
     """x + Attn(LN(x)), then x + FFN(LN(x)) (FFN omitted when d_ff == 0)."""
 
-    def __init__(self, cfg: ModelConfig, n_heads: int) -> None:
+    def __init__(self, cfg: ModelConfig, n_heads: int, ffn_width: int | None = None) -> None:
         super().__init__()
         self.ln_attn = nn.LayerNorm(cfg.d_model)
         self.attn = GatedSelfAttention(cfg.d_model, n_heads, cfg.head_dim, cfg.dropout)
@@ -54,15 +92,27 @@ class EncoderBlock(nn.Module):
         self.has_ffn = cfg.d_ff > 0
         if self.has_ffn:
             self.ln_ffn = nn.LayerNorm(cfg.d_model)
-            self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+            self.ffn = FeedForward(cfg.d_model, cfg.d_ff if ffn_width is None else ffn_width, cfg.dropout, cfg.ffn_group_size)
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None, head_gates: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        head_gates: torch.Tensor | None,
+        group_gates: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        y = self.attn(self.ln_attn(x), attn_mask, head_gates)
-        x = x + (self.dropout(y) if self.training else y)
+        # A sub-layer without units adds only its output bias: skip its LayerNorm (whole-layer
+        # skip when both are empty).
+        if self.attn.active_heads == 0:
+            x = x + self.attn.out_bias
+        else:
+            y = self.attn(self.ln_attn(x), attn_mask, head_gates)
+            x = x + (self.dropout(y) if self.training else y)
         if self.has_ffn:
-            x = x + self.ffn(self.ln_ffn(x))
+            if self.ffn.active_width == 0:
+                x = x + self.ffn.fc2.bias
+            else:
+                x = x + self.ffn(self.ln_ffn(x), group_gates)
         return x
 
 
@@ -83,10 +133,13 @@ class EncoderClassifier(GatedModel):
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.position_embedding = nn.Embedding(config.max_len, config.d_model)
         self.embedding_dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(EncoderBlock(config, h) for h in config.heads_per_layer)
+        self.blocks = nn.ModuleList(EncoderBlock(config, h, w) for h, w in zip(config.heads_per_layer, config.ffn_widths))
         self.ln_final = nn.LayerNorm(config.d_model)
         self.classifier = nn.Linear(config.d_model, config.n_classes)
-        self._init_heads(config.n_layers, config.n_heads, config.head_ids)
+        self._init_heads(
+            config.n_layers, config.n_heads, config.head_ids,
+            ffn_width=config.d_ff, group_size=config.ffn_group_size, group_ids=config.ffn_group_ids or None,
+        )
         nn.init.normal_(self.token_embedding.weight, std=0.35)
         with torch.no_grad():
             self.position_embedding.weight.copy_(sinusoidal_positions(config.max_len, config.d_model))
@@ -98,7 +151,7 @@ class EncoderClassifier(GatedModel):
         token_type_ids: torch.Tensor | None = None,
         *,
         budget: float | None = None,
-        gates: torch.Tensor | None = None,
+        gates: torch.Tensor | UnitGates | None = None,
     ) -> torch.Tensor:
         """Class logits.
 
@@ -108,7 +161,8 @@ class EncoderClassifier(GatedModel):
             token_type_ids: accepted for interface parity; this model has no segment embeddings,
                 so anything but all zeros is refused.
             budget: attention budget in (0, 1] for the budget gates.
-            gates: explicit (n_layers, n_heads) full-grid gate values (overrides ``budget``).
+            gates: explicit full-grid gate values (overrides ``budget``): a (n_layers, n_heads)
+                tensor, or :class:`UnitGates` with FFN group gates too.
 
         Returns:
             (batch, n_classes) logits.
@@ -125,9 +179,13 @@ class EncoderClassifier(GatedModel):
         sdpa_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             sdpa_mask = attention_mask.bool().view(batch, 1, 1, seq)
-        per_layer = self.layer_gates(budget, gates)
+        head_gates, group_gates = self.layer_unit_gates(budget, gates)
         for layer, block in enumerate(self.blocks):
-            x = block(x, sdpa_mask, None if per_layer is None else per_layer[layer])
+            x = block(
+                x, sdpa_mask,
+                None if head_gates is None else head_gates[layer],
+                None if group_gates is None else group_gates[layer],
+            )
         x = self.ln_final(x)
         return self.classifier(self.pool(x, attention_mask))
 
@@ -150,13 +208,36 @@ class EncoderClassifier(GatedModel):
         for block, layer_positions in zip(self.blocks, positions):
             block.attn.keep_heads(layer_positions)
 
-    def keep_heads(self, kept: list[list[int]]) -> None:
-        super().keep_heads(kept)
-        self.config = dataclasses.replace(self.config, heads_per_layer=self.heads_per_layer, head_ids=self.head_ids)
+    def _after_surgery(self) -> None:
+        self.config = dataclasses.replace(
+            self.config, heads_per_layer=self.heads_per_layer, head_ids=self.head_ids,
+            ffn_group_ids=self.group_ids if self.has_ffn_units else [],
+        )
 
     def _set_active(self, counts: list[int]) -> None:
         for block, count in zip(self.blocks, counts):
             block.attn.set_active_heads(count)
+
+    def _physical_keep_ffn(self, positions: list[list[int]]) -> None:
+        gs = self.group_size
+        for block, layer_positions in zip(self.blocks, positions):
+            block.ffn.keep_neurons([p * gs + i for p in layer_positions for i in range(gs)])
+
+    def _set_active_ffn(self, counts: list[int]) -> None:
+        for block, count in zip(self.blocks, counts):
+            block.ffn.active_width = count * self.group_size
+
+    def _permute_ffn(self, orders: list[list[int]]) -> None:
+        for block, order in zip(self.blocks, orders):
+            block.ffn.keep_neurons(order)
+
+    def ffn_widths(self) -> list[int]:
+        return [block.ffn.width if block.has_ffn else 0 for block in self.blocks]
+
+    def ffn_activations(self) -> list[nn.Module]:
+        if not self.config.d_ff:
+            raise ValueError("this model has no feed-forward blocks (d_ff = 0)")
+        return [block.ffn.act for block in self.blocks]
 
     def cost_model(self, seq_len: int) -> CostModel:
         return CostModel(self.config.unpruned(), seq_len)

@@ -7,7 +7,12 @@
 * ``leave_one_out_importance``: the validation loss increase when one head is masked out.
 
 Both return (n_layers, n_heads) scores, higher = more important, for
-:meth:`HeadRanking.from_scores`.
+:meth:`HeadRanking.from_scores`; ``unit_gradient_importance`` scores heads and FFN groups.
+
+* ``ffn_neuron_importance``: DynaBERT's neuron reordering score, |sum over tokens of
+  activation x dLoss/dactivation| per FFN neuron (the gradient of a per-neuron mask),
+  accumulated over the *training* split, so that sorting neurons by it puts the important ones
+  in the first groups (the prefix every budget keeps).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from budgeted_attention.data.dataset import Split
+from budgeted_attention.model.gates import UnitGates
 
 
 def gradient_importance(model: nn.Module, split: Split, n_layers: int, n_heads: int, batch_size: int = 128, normalize: bool = True) -> torch.Tensor:
@@ -58,3 +64,79 @@ def leave_one_out_importance(model: nn.Module, split: Split, n_layers: int, n_he
             scores[layer, head] = loss_with(mask) - base
     model.train(was_training)
     return scores
+
+
+def unit_gradient_importance(model: nn.Module, split: Split, batch_size: int = 128, normalize: bool = True) -> UnitGates:
+    """|dL/dmask| of every head and FFN group (when the model gates them), summed over ``split``.
+
+    Heads and groups are normalised separately per layer (L2), as Michel et al. normalise heads;
+    shapes (n_layers, n_heads) and (n_layers, n_groups).
+    """
+    was_training = model.training
+    model.eval()
+    masks = UnitGates(
+        torch.ones(model.n_layers, model.n_heads, requires_grad=True),
+        torch.ones(model.n_layers, model.n_groups, requires_grad=True) if model.has_ffn_units else None,
+    )
+    parts = masks.parts()
+    scores = [torch.zeros_like(p) for p in parts]
+    total_tokens = float(split.attention_mask.sum())
+    for ids, attn, labels in split.batches(batch_size):
+        loss = F.cross_entropy(model(ids, attn, gates=masks), labels)
+        grads = torch.autograd.grad(loss, parts)
+        for score, grad in zip(scores, grads):
+            score += grad.abs() * float(attn.sum()) / total_tokens
+    model.train(was_training)
+    if normalize:
+        scores = [s / s.norm(dim=1, keepdim=True).clamp_min(1e-20) for s in scores]
+    return UnitGates(scores[0], scores[1] if len(scores) > 1 else None)
+
+
+def ffn_neuron_importance(model: nn.Module, split: Split, batch_size: int = 128, max_batches: int = 0) -> list[torch.Tensor]:
+    """Per layer, a (width,) importance of each FFN neuron on ``split`` (use the TRAINING split).
+
+    The score is |dL/dm_j| for a mask m_j = 1 multiplying neuron j's activation, i.e.
+    |sum over tokens of a_j * dL/da_j|, accumulated per batch (absolute value per batch, as for
+    heads). ``max_batches`` > 0 caps the batches read (the score converges quickly).
+    """
+    was_training = model.training
+    model.eval()
+    modules = model.ffn_activations()
+    scores = [None] * len(modules)
+    captured: list[torch.Tensor | None] = [None] * len(modules)
+    handles = []
+
+    def keep(index: int):
+        def hook(_module, _inputs, output):
+            output.retain_grad()
+            captured[index] = output
+
+        return hook
+
+    for index, module in enumerate(modules):
+        handles.append(module.register_forward_hook(keep(index)))
+    try:
+        for count, (ids, attn, labels) in enumerate(split.batches(batch_size)):
+            if max_batches and count >= max_batches:
+                break
+            model.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(ids, attn), labels)
+            loss.backward()
+            for index, act in enumerate(captured):
+                contribution = (act.detach() * act.grad).flatten(0, -2).sum(dim=0).abs()
+                scores[index] = contribution if scores[index] is None else scores[index] + contribution
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return [s.detach() for s in scores]
+
+
+def sort_ffn_by_importance(model: nn.Module, split: Split, batch_size: int = 128, max_batches: int = 0) -> list[list[int]]:
+    """Sort every layer's FFN neurons by :func:`ffn_neuron_importance` on ``split`` (most important
+    first; function-preserving). Returns the neuron orders applied."""
+    scores = ffn_neuron_importance(model, split, batch_size, max_batches)
+    orders = [torch.argsort(score, descending=True, stable=True).tolist() for score in scores]
+    model.sort_ffn_neurons(orders)
+    return orders

@@ -1,8 +1,8 @@
 """Instant budget switching over one weight layout sorted by importance, for every model family.
 
 Because kept sets are nested, the heads kept at any budget are a prefix of every layer in the
-sorted layout, so switching budget only changes how many heads each layer slices (views of the
-weights, not copies).
+sorted layout, so switching budget only changes how many heads (and, under ``budget_scope:
+all``, FFN neuron groups) each layer slices (views of the weights, not copies).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from torch import nn
 
 from budgeted_attention.budget import validate_budget
 from budgeted_attention.model.family import GatedModel
-from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import sort_heads
 
 
@@ -26,25 +26,27 @@ class SlicedModel(nn.Module):
         logits = served(input_ids)  # runs only the kept heads, without gate code
     """
 
-    def __init__(self, model: GatedModel, ranking: HeadRanking) -> None:
+    def __init__(self, model: GatedModel, ranking: Ranking) -> None:
         super().__init__()
         self.model = sort_heads(model, ranking)
         self.ranking = ranking
-        self._counts_cache: dict[float, list[int]] = {}
+        self._counts_cache: dict[float, tuple[list[int], list[int] | None]] = {}
         self.budget = 1.0
 
-    def counts_for(self, budget: float) -> list[int]:
-        """Heads per layer for ``budget`` (memoised)."""
+    def counts_for(self, budget: float) -> tuple[list[int], list[int] | None]:
+        """(heads per layer, FFN groups per layer or None) for ``budget`` (memoised)."""
         b = validate_budget(budget)
         counts = self._counts_cache.get(b)
         if counts is None:
-            counts = self.ranking.heads_per_layer(b)
+            kept = self.ranking.kept(b)
+            counts = (kept.heads_per_layer, kept.groups_per_layer)
             self._counts_cache[b] = counts
         return counts
 
     def set_budget(self, budget: float) -> None:
-        """Switch to ``budget``: only per-layer head counts change; no weights are copied."""
-        self.model.set_active_heads(self.counts_for(budget))
+        """Switch to ``budget``: only per-layer head (and FFN group) counts change; no weights are copied."""
+        heads, groups = self.counts_for(budget)
+        self.model.set_active(heads, groups)
         self.budget = float(budget)
 
     def forward(

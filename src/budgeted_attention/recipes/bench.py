@@ -8,7 +8,7 @@ from typing import Any
 
 from budgeted_attention.benchmark.config import BenchConfig
 from budgeted_attention.benchmark.runner import bench_markdown, bench_ranking
-from budgeted_attention.checkpoint import load_model, load_ranking
+from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description
 from budgeted_attention.errors import CheckpointError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
 from budgeted_attention.reporting.plots import plot_speedups
@@ -47,6 +47,7 @@ def run_bench(
 ) -> dict[str, Any]:
     """Bench the budgeted-hard checkpoint of a run (any model family) and write JSON/MD/PNG."""
     checkpoint = find_hard_checkpoint(run_dir, seed)
+    parse_ranking(checkpoint, read_description(checkpoint))  # a bad checkpoint fails before any model is built
     cfg = BenchConfig(budgets=budgets, batch_sizes=batch_sizes, seq_lens=seq_lens, threads=threads, rounds=rounds, min_run_time=min_run_time, lengths=lengths)
     model, description = load_model(checkpoint)
     ranking = load_ranking(checkpoint, description, model)

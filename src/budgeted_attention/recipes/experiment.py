@@ -10,6 +10,9 @@ steps from initialisation that produced it, and ``cost_kind``):
   (budgeted + hard), the equal-steps control for any "beats dense" claim;
 * ``budgeted``: the one budgeted checkpoint with soft gates at every budget (cost: soft estimate);
 * ``budgeted-hard``: the same checkpoint after hard-gate adaptation, hard masks = pruned models;
+* ``budgeted-sandwich`` / ``budgeted-hard-sandwich``: the same two stages trained with the
+  sandwich rule (full model, smallest budget and random budgets every step, distilled in place),
+  whatever ``train.budget_sampling`` says (``budgeted``/``budgeted-hard`` follow it);
 * ``budgeted-scratch``: the budgeted stage from a random init for the same total steps (ablation);
 * ``static``: a specialist per budget: gates trained at that one budget from the dense model,
   its own top-k heads, the same hard adaptation, structurally pruned, with measured speed;
@@ -17,7 +20,16 @@ steps from initialisation that produced it, and ``cost_kind``):
 * ``posthoc``: zero-shot structural pruning of the dense model, heads ranked on the validation
   split (gradient of a head mask, Michel et al. 2019; or leave-one-out), no retraining;
 * ``posthoc-recovered``: the same plus as many recovery steps as the budgeted path adds after
-  the dense model; ``posthoc-recovered-1ep``: one recovery epoch (the paper's variant).
+  the dense model; ``posthoc-recovered-1ep``: one recovery epoch (the paper's variant);
+* ``ladder``: what a user would pick instead of one budgeted checkpoint: separately trained
+  dense encoders of the shapes in ``ladder`` (smaller width/depth), each trained from scratch for
+  the same total steps as the budgeted-hard path, timed against the same dense reference.
+
+Budget scope (``budget_scope``): ``heads`` (the paper) puts the attention heads under the
+budget; ``all`` adds the feed-forward blocks as groups of ``ffn_group_size`` neurons, so b is the
+fraction of the prunable forward FLOPs (heads and FFN) at ``reference_seq_len`` tokens. Under
+``all`` the dense model's FFN neurons are sorted by importance on the training split right after
+dense training (function-preserving), so every method starts from the same sorted dense model.
 
 Choices never see the test split: it is sealed (:class:`budgeted_attention.data.dataset.SealedSplit`)
 and read only in the final evaluation of each finished model.
@@ -44,11 +56,12 @@ import torch
 from tqdm.auto import tqdm
 
 from budgeted_attention.benchmark.config import BenchConfig
-from budgeted_attention.benchmark.runner import bench_markdown, bench_models, bench_ranking
+from budgeted_attention.benchmark.runner import bench_against_reference, bench_markdown, bench_models, bench_ranking
 from budgeted_attention.checkpoint import load_model, load_ranking, save_model
 from budgeted_attention.config import (
     apply_overrides,
     check_budgets,
+    check_int,
     deep_merge,
     from_dict,
     load_yaml,
@@ -64,8 +77,9 @@ from budgeted_attention.io import write_json_atomic, write_text_atomic
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.cost import estimated_cost
 from budgeted_attention.model.family import GatedModel
-from budgeted_attention.pruning.importance import gradient_importance, leave_one_out_importance
-from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.model.gates import UnitGates
+from budgeted_attention.pruning.importance import leave_one_out_importance, sort_ffn_by_importance, unit_gradient_importance
+from budgeted_attention.pruning.selection import KeptUnits, Ranking, rank_units, ranking_from_dict
 from budgeted_attention.recipes.families import PretrainedConfig, make_builder
 from budgeted_attention.recipes.rundir import init_run_dir
 from budgeted_attention.reporting.plots import plot_accuracy_vs_budget, plot_accuracy_vs_cost, plot_accuracy_vs_speedup, plot_speedups
@@ -76,10 +90,15 @@ from budgeted_attention.training.config import TrainConfig
 from budgeted_attention.training.evaluate import evaluate_accuracy
 from budgeted_attention.training.stages import seed_everything, train_budgeted, train_dense, train_hard, train_masked
 
+# Benchmark unit name -> the method whose rows get its measured speed.
+BENCH_UNITS = {"bench": "budgeted-hard", "bench-sandwich": "budgeted-hard-sandwich"}
+
 ALL_METHODS = [
-    "dense", "dense-long", "budgeted", "budgeted-hard", "budgeted-scratch",
-    "static", "static-soft", "posthoc", "posthoc-recovered", "posthoc-recovered-1ep",
+    "dense", "dense-long", "budgeted", "budgeted-hard", "budgeted-sandwich", "budgeted-hard-sandwich", "budgeted-scratch",
+    "static", "static-soft", "posthoc", "posthoc-recovered", "posthoc-recovered-1ep", "ladder",
 ]
+# Model keys a ladder entry may change.
+LADDER_KEYS = ("d_model", "n_layers", "n_heads", "head_dim", "d_ff")
 
 
 @dataclass
@@ -93,6 +112,10 @@ class ExperimentConfig:
     static_budgets: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
     posthoc_importance: str = "gradient"
     min_one_per_layer: bool = True
+    budget_scope: str = "heads"
+    ffn_group_size: int = 64
+    reference_seq_len: int = 0
+    ladder: list[dict[str, Any]] = field(default_factory=list)
     model_family: str = "encoder"
     pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
     data: TextDataConfig = field(default_factory=TextDataConfig)
@@ -111,12 +134,38 @@ class ExperimentConfig:
             raise ConfigError("methods must list at least one method")
         if self.posthoc_importance not in ("gradient", "leave-one-out"):
             raise ConfigError(f"posthoc_importance must be 'gradient' or 'leave-one-out', got {self.posthoc_importance!r}")
+        if self.budget_scope not in ("heads", "all"):
+            raise ConfigError(f"budget_scope must be 'heads' or 'all', got {self.budget_scope!r}")
+        check_int(self.ffn_group_size, "ffn_group_size", ge=1)
+        check_int(self.reference_seq_len, "reference_seq_len", ge=0)
+        if self.budget_scope == "all" and self.posthoc_importance != "gradient" and {"posthoc", "posthoc-recovered", "posthoc-recovered-1ep"} & set(self.methods):
+            raise ConfigError("posthoc_importance 'leave-one-out' scores heads only; use 'gradient' with budget_scope 'all'")
+        self._check_ladder()
         if self.model_family not in ("encoder", "bert"):
             raise ConfigError(f"model_family must be 'encoder' or 'bert', got {self.model_family!r}")
         self.budgets = check_budgets(self.budgets, "budgets")
         self.static_budgets = check_budgets(self.static_budgets, "static_budgets", allow_empty=True)
         if {"static", "static-soft"} & set(self.methods) and not self.static_budgets:
             raise ConfigError("static_budgets must list at least one budget when a static method is run")
+
+    def _check_ladder(self) -> None:
+        if "ladder" not in self.methods:
+            return
+        if self.model_family != "encoder" or not self.ladder:
+            raise ConfigError("method 'ladder' needs model_family 'encoder' and a non-empty 'ladder' list of model shapes")
+        for index, shape in enumerate(self.ladder):
+            unknown = sorted(set(shape) - set(LADDER_KEYS))
+            if unknown:
+                raise ConfigError(f"unknown key 'ladder[{index}].{unknown[0]}' (known: {', '.join(LADDER_KEYS)})")
+            try:
+                self.model.unpruned(**{"head_dim": 0, **shape}, ffn_group_size=0)
+            except ConfigError as exc:
+                raise ConfigError(f"ladder[{index}]: {exc}") from None
+
+    @property
+    def group_size(self) -> int:
+        """FFN neurons per gated group, 0 when the FFN is not under the budget."""
+        return self.ffn_group_size if self.budget_scope == "all" else 0
 
     @property
     def path_steps(self) -> int:
@@ -146,6 +195,19 @@ def make_splits(cfg: ExperimentConfig, out: Path, pretrained_tokenizer=None) -> 
     return splits
 
 
+def kept_masks(model: GatedModel, kept: KeptUnits) -> UnitGates:
+    """Full-grid 0/1 masks of kept heads (and FFN groups; all ones when only heads are pruned)."""
+    heads = torch.zeros(model.n_layers, model.n_heads)
+    for layer, ids in enumerate(kept.heads):
+        heads[layer, ids] = 1.0
+    if kept.groups is None:
+        return UnitGates(heads, None)
+    groups = torch.zeros(model.n_layers, model.n_groups)
+    for layer, ids in enumerate(kept.groups):
+        groups[layer, ids] = 1.0
+    return UnitGates(heads, groups)
+
+
 def evaluate_model(model: GatedModel, splits: TensorSplits, batch: int, **gating: Any) -> tuple[float, float]:
     """(validation accuracy, test accuracy) of a finished model; the only place the test split is read."""
     val = evaluate_accuracy(model, splits.val, batch, **gating)
@@ -162,7 +224,7 @@ class Experiment:
         self._check_resumable()
         # Everything that can fail on a config or data mistake runs before the run directory is
         # stamped, so a failed start can be rerun into the same --out after the fix.
-        self.builder = make_builder(cfg.model_family, cfg.model, cfg.pretrained)
+        self.builder = make_builder(cfg.model_family, cfg.model, cfg.pretrained, cfg.group_size)
         self.out.mkdir(parents=True, exist_ok=True)
         self.splits = make_splits(cfg, self.out, self.builder.pretrained_tokenizer())
         self.builder.prepare(self.splits, self.cfg.bench.seq_lens)
@@ -222,8 +284,16 @@ class Experiment:
 
         return read_description(self._ckpt(seed, name))
 
-    def _head_costs(self, model: GatedModel) -> torch.Tensor:
-        return model.cost_model(self.splits.seq_len).head_costs()
+    def _reference_seq(self) -> int:
+        """Sequence length at which budgets are converted to FLOPs (training cost, ranking fit)."""
+        return self.cfg.reference_seq_len or self.splits.seq_len
+
+    def _unit_costs(self, model: GatedModel) -> UnitGates:
+        """FLOPs per gated unit (heads; heads and FFN groups under ``budget_scope: all``)."""
+        return model.unit_costs(self._reference_seq())
+
+    def _rank(self, model: GatedModel, scores: UnitGates) -> Ranking:
+        return rank_units(scores, self._unit_costs(model), self.cfg.min_one_per_layer)
 
     def _bench_seq(self) -> int:
         return (self.cfg.bench.seq_lens or [self.splits.seq_len])[0]
@@ -236,46 +306,52 @@ class Experiment:
                          steps=steps, heads_kept=model.n_layers * model.n_heads, heads_per_layer=model.heads_per_layer)
 
     def _soft_rows(self, method: str, model: GatedModel, seed: int, steps: int, budgets: list[float]) -> list[ResultRow]:
-        head_costs = self._head_costs(model)
+        costs = self._unit_costs(model)
         rows = []
         with torch.no_grad():
             for b in budgets:
-                gates = model.gates(b)
+                gates = model.unit_gates(b)
                 val, acc = evaluate_model(model, self.splits, self.eval_batch, budget=b)
                 rows.append(ResultRow(
                     method=method, budget=b, seed=seed, accuracy=acc, val_accuracy=val,
-                    cost=float(estimated_cost(gates, head_costs)), cost_kind="soft-estimate", steps=steps,
-                    layer_gates=[round(float(g), 4) for g in gates.mean(dim=1)],
-                    gates=[[round(float(v), 4) for v in layer] for layer in gates],
+                    cost=float(estimated_cost(gates, costs)), cost_kind="soft-estimate", steps=steps,
+                    layer_gates=[round(float(g), 4) for g in gates.heads.mean(dim=1)],
+                    gates=[[round(float(v), 4) for v in layer] for layer in gates.heads],
+                    scope=self.cfg.budget_scope,
                 ))
         return rows
 
-    def _hard_rows(self, method: str, model: GatedModel, seed: int, steps: int, kept_by_budget: dict[float, list[list[int]]]) -> list[ResultRow]:
-        """Rows of hard masks (= the pruned models): cost is the kept heads' share of attention FLOPs."""
-        head_costs = self._head_costs(model)
+    def _hard_rows(self, method: str, model: GatedModel, seed: int, steps: int, kept_by_budget: dict[float, KeptUnits]) -> list[ResultRow]:
+        """Rows of hard masks (= the pruned models): cost is the kept units' share of the budgeted FLOPs."""
+        costs = self._unit_costs(model)
         cost = model.cost_model(self._bench_seq())
         rows = []
         for b, kept in kept_by_budget.items():
-            mask = torch.zeros(model.n_layers, model.n_heads)
-            for layer, heads in enumerate(kept):
-                mask[layer, heads] = 1.0
-            val, acc = evaluate_model(model, self.splits, self.eval_batch, gates=mask)
-            heads = [len(h) for h in kept]
+            masks = kept_masks(model, kept)
+            val, acc = evaluate_model(model, self.splits, self.eval_batch, gates=masks)
+            heads = kept.heads_per_layer
+            widths = None if kept.groups is None else [len(g) * model.group_size for g in kept.groups]
             rows.append(ResultRow(
                 method=method, budget=b, seed=seed, accuracy=acc, val_accuracy=val,
-                cost=float(estimated_cost(mask, head_costs)), cost_kind="kept-heads", steps=steps,
-                heads_kept=sum(heads), heads_per_layer=heads, ideal_speedup=cost.ideal_speedup(heads),
+                cost=float(estimated_cost(masks, costs)), cost_kind="kept-heads", steps=steps,
+                heads_kept=sum(heads), heads_per_layer=heads, ideal_speedup=cost.ideal_speedup(heads, widths),
+                scope=self.cfg.budget_scope, ffn_per_layer=widths,
+                flops_fraction=cost.total_flops(heads, widths) / cost.total_flops(),
             ))
         return rows
 
-    def _ranking_kept(self, ranking: HeadRanking, budgets: list[float]) -> dict[float, list[list[int]]]:
-        return {b: ranking.kept_heads(b) for b in budgets}
+    def _ranking_kept(self, ranking: Ranking, budgets: list[float]) -> dict[float, KeptUnits]:
+        return {b: ranking.kept(b) for b in budgets}
 
     # ---------------------------------------------------------------- methods
 
     def _dense(self, seed: int) -> dict[str, Any]:
         model = self.builder.create()
         log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, val=self.splits.val)
+        if model.has_ffn_units:
+            # DynaBERT-style reordering on the TRAINING split: groups of consecutive neurons then
+            # hold neurons of similar importance, and the first groups the most important ones.
+            sort_ffn_by_importance(model, self.splits.train, batch_size=self.cfg.train.batch_size)
         save_model(model, self._ckpt(seed, "dense"), method="dense", seed=seed, steps=log.steps)
         return {"rows": [self._dense_row("dense", model, seed, log.steps)], "steps_run": log.steps_run, "val_history": log.val_history}
 
@@ -285,31 +361,39 @@ class Experiment:
         log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, steps=extra, desc="dense-long")
         return {"rows": [self._dense_row("dense-long", model, seed, int(description["steps"]) + log.steps)]}
 
-    def _budgeted(self, seed: int) -> dict[str, Any]:
+    def _train_cfg(self, variant: str) -> TrainConfig:
+        """The training config of the ``budgeted`` path (``""``) or its ``-sandwich`` variant."""
+        if variant == "-sandwich":
+            return dataclasses.replace(self.cfg.train, budget_sampling="sandwich")
+        return self.cfg.train
+
+    def _budgeted(self, seed: int, variant: str = "") -> dict[str, Any]:
         dense, description = self._load(seed, "dense")
         model = copy.deepcopy(dense)
-        log = train_budgeted(model, self.splits.train, self.cfg.train, self._head_costs(model), seed=seed, teacher=dense, progress=self.progress)
+        name = f"budgeted{variant}"
+        log = train_budgeted(model, self.splits.train, self._train_cfg(variant), self._unit_costs(model), seed=seed, teacher=dense, desc=name, progress=self.progress)
         steps = int(description["steps"]) + log.steps
-        save_model(model, self._ckpt(seed, "budgeted"), method="budgeted", seed=seed, steps=steps)
-        return {"rows": self._soft_rows("budgeted", model, seed, steps, self.cfg.budgets)}
+        save_model(model, self._ckpt(seed, name), method=name, seed=seed, steps=steps)
+        return {"rows": self._soft_rows(name, model, seed, steps, self.cfg.budgets)}
 
     def _scratch(self, seed: int) -> dict[str, Any]:
         model = self.builder.create()
         # Same total steps as the warm-started path: the dense model's actual steps (it may have
         # stopped early) plus the budgeted stage.
         steps = self.cfg.train.scratch_steps or self._steps_of(seed, "dense") + self.cfg.train.budgeted_steps
-        log = train_budgeted(model, self.splits.train, self.cfg.train, self._head_costs(model), seed=seed, steps=steps, desc="scratch", progress=self.progress)
+        log = train_budgeted(model, self.splits.train, self.cfg.train, self._unit_costs(model), seed=seed, steps=steps, desc="scratch", progress=self.progress)
         return {"rows": self._soft_rows("budgeted-scratch", model, seed, log.steps, self.cfg.budgets)}
 
-    def _hard(self, seed: int) -> dict[str, Any]:
-        model, description = self._load(seed, "budgeted")
-        ranking = HeadRanking.from_scores(model.gates.importance(), self.cfg.min_one_per_layer)
+    def _hard(self, seed: int, variant: str = "") -> dict[str, Any]:
+        model, description = self._load(seed, f"budgeted{variant}")
+        name = f"budgeted-hard{variant}"
+        ranking = self._rank(model, model.unit_importance())
         kept = self._ranking_kept(ranking, self.cfg.budgets)
         before = {r.budget: r for r in self._hard_rows("before", model, seed, 0, kept)}
-        log = train_hard(model, self.splits.train, self.cfg.train, ranking, seed=seed, progress=self.progress)
+        log = train_hard(model, self.splits.train, self._train_cfg(variant), ranking, seed=seed, desc=name, progress=self.progress)
         steps = int(description["steps"]) + log.steps
-        save_model(model, self._ckpt(seed, "budgeted-hard"), method="budgeted-hard", seed=seed, steps=steps, ranking=ranking.to_dict())
-        rows = self._hard_rows("budgeted-hard", model, seed, steps, kept)
+        save_model(model, self._ckpt(seed, name), method=name, seed=seed, steps=steps, ranking=ranking.to_dict())
+        rows = self._hard_rows(name, model, seed, steps, kept)
         for row in rows:
             row.accuracy_before_adaptation = before[row.budget].accuracy
             row.val_accuracy_before_adaptation = before[row.budget].val_accuracy
@@ -322,9 +406,10 @@ class Experiment:
         lengths = self.splits.train.lengths() if self.cfg.bench.lengths else None
         return {"lengths": lengths, "pad_id": self.splits.pad_id, "low_id": self.builder.bench_low_id(), "progress": self.progress}
 
-    def _bench(self, seed: int) -> dict[str, Any]:
-        model, description = self._load(seed, "budgeted-hard")
-        ranking = load_ranking(self._ckpt(seed, "budgeted-hard"), description, model)
+    def _bench(self, seed: int, variant: str = "") -> dict[str, Any]:
+        name = f"budgeted-hard{variant}"
+        model, description = self._load(seed, name)
+        ranking = load_ranking(self._ckpt(seed, name), description, model)
         budgets = self.cfg.bench.budgets or [b for b in self.cfg.budgets if b < 1.0]
         return {"bench": bench_ranking(model, ranking, self._bench_cfg(budgets), **self._bench_kwargs())}
 
@@ -333,32 +418,33 @@ class Experiment:
         dense, description = self._load(seed, "dense")
         model = copy.deepcopy(dense)
         fixed = dataclasses.replace(self.cfg.train, budget_min=budget, budget_max=budget, full_budget_prob=0.0)
-        log = train_budgeted(model, self.splits.train, fixed, self._head_costs(model), seed=seed, teacher=dense, desc=f"static b={budget}", progress=self.progress)
+        log = train_budgeted(model, self.splits.train, fixed, self._unit_costs(model), seed=seed, teacher=dense, desc=f"static b={budget}", progress=self.progress)
         soft_steps = int(description["steps"]) + log.steps
         rows = self._soft_rows("static-soft", model, seed, soft_steps, [budget])
-        ranking = HeadRanking.from_scores(model.gates(budget), self.cfg.min_one_per_layer)
+        ranking = self._rank(model, model.unit_gates(budget))
         hard_log = train_hard(model, self.splits.train, fixed, ranking, seed=seed, budgets=(budget, budget), desc=f"static-hard b={budget}", progress=self.progress)
-        kept = {budget: ranking.kept_heads(budget)}
+        kept = {budget: ranking.kept(budget)}
         hard_rows = self._hard_rows("static", model, seed, soft_steps + hard_log.steps, kept)
         bench = bench_models(model, kept, dataclasses.replace(self._bench_cfg([budget]), include_sliced=False), **self._bench_kwargs())
         hard_rows[0].attach_speed(bench["rows"][0])
         return {"rows": rows + hard_rows, "bench": bench}
 
-    def _posthoc_ranking(self, seed: int) -> HeadRanking:
+    def _posthoc_ranking(self, seed: int) -> Ranking:
         path = self.out / "units" / f"seed{seed}" / "posthoc-ranking.json"
         if path.exists():
             try:
-                return HeadRanking.from_dict(json.loads(path.read_text(encoding="utf-8")))
+                return ranking_from_dict(json.loads(path.read_text(encoding="utf-8")))
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
                 raise CheckpointError(f"post-hoc ranking '{path}' is malformed ({exc}); delete it to recompute") from exc
         dense, _ = self._load(seed, "dense")
         # Importance on the validation split (never test), as in Michel et al. (2019).
         if self.cfg.posthoc_importance == "gradient":
-            scores = gradient_importance(dense, self.splits.val, dense.n_layers, dense.n_heads)
+            scores = unit_gradient_importance(dense, self.splits.val)
         else:
-            scores = leave_one_out_importance(dense, self.splits.val, dense.n_layers, dense.n_heads)
-        ranking = HeadRanking.from_scores(scores, self.cfg.min_one_per_layer)
-        write_json_atomic(path, {**ranking.to_dict(), "scores": scores.tolist(), "importance": self.cfg.posthoc_importance})
+            scores = UnitGates(leave_one_out_importance(dense, self.splits.val, dense.n_layers, dense.n_heads), None)
+        ranking = self._rank(dense, scores)
+        saved = {"heads": scores.heads.tolist(), **({"ffn": scores.ffn.tolist()} if scores.ffn is not None else {})}
+        write_json_atomic(path, {**ranking.to_dict(), "scores": saved, "importance": self.cfg.posthoc_importance})
         return ranking
 
     def _posthoc(self, seed: int) -> dict[str, Any]:
@@ -373,9 +459,33 @@ class Experiment:
             steps = self.cfg.train.recovery_steps or self.cfg.path_steps
         else:
             steps = self.cfg.train.epoch_steps(len(self.splits.train))
-        log = train_masked(model, self.splits.train, self.cfg.train, ranking.mask(budget), steps=steps, seed=seed, desc=f"{method} b={budget}", progress=self.progress)
-        kept = {budget: ranking.kept_heads(budget)}
+        log = train_masked(model, self.splits.train, self.cfg.train, ranking.masks(budget), steps=steps, seed=seed, desc=f"{method} b={budget}", progress=self.progress)
+        kept = {budget: ranking.kept(budget)}
         return {"rows": self._hard_rows(method, model, seed, int(description["steps"]) + log.steps, kept)}
+
+    def _ladder(self, seed: int, index: int) -> dict[str, Any]:
+        """A smaller dense encoder trained from scratch for the budgeted-hard path's total steps, timed
+        against the full dense model's plain reference."""
+        from budgeted_attention.model.transformer import EncoderClassifier  # noqa: PLC0415
+
+        big, _ = self._load(seed, "dense")
+        config = big.config.unpruned(**{"head_dim": 0, **self.cfg.ladder[index]}, ffn_group_size=0)
+        model = EncoderClassifier(config)
+        steps = self._steps_of(seed, "dense") + self.cfg.path_steps
+        log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, steps=steps, desc=f"ladder {index}")
+        val, acc = evaluate_model(model, self.splits, self.eval_batch)
+        seq = self._bench_seq()
+        fraction = model.cost_model(seq).total_flops() / big.cost_model(seq).total_flops()
+        row = ResultRow(
+            method="ladder", budget=round(min(1.0, fraction), 3), seed=seed, accuracy=acc, val_accuracy=val,
+            cost=fraction, cost_kind="smaller-dense", steps=log.steps, heads_kept=sum(config.heads_per_layer),
+            heads_per_layer=config.heads_per_layer, ideal_speedup=1.0 / fraction, flops_fraction=fraction,
+            ffn_per_layer=[config.d_ff] * config.n_layers,
+        )
+        cfg = dataclasses.replace(self._bench_cfg([]), include_sliced=False)
+        timed = bench_against_reference(big, {"ladder": model}, cfg, **self._bench_kwargs())
+        row.attach_speed({**timed[0], "ideal_speedup": 1.0 / fraction})
+        return {"rows": [row], "shape": self.cfg.ladder[index], "bench": timed}
 
     # ---------------------------------------------------------------- driver
 
@@ -383,6 +493,7 @@ class Experiment:
         """(seed, unit name, callable) in execution order."""
         methods = set(self.cfg.methods)
         needs_budgeted = bool(methods & {"budgeted", "budgeted-hard"})
+        needs_sandwich = bool(methods & {"budgeted-sandwich", "budgeted-hard-sandwich"})
         sub_one = [b for b in self.cfg.budgets if b < 1.0]
         units: list[tuple[int, str, Callable[[], dict[str, Any]]]] = []
         for seed in self.cfg.seeds:
@@ -394,6 +505,11 @@ class Experiment:
             if "budgeted-hard" in methods:
                 units.append((seed, "budgeted-hard", lambda s=seed: self._hard(s)))
                 units.append((seed, "bench", lambda s=seed: self._bench(s)))
+            if needs_sandwich:
+                units.append((seed, "budgeted-sandwich", lambda s=seed: self._budgeted(s, "-sandwich")))
+            if "budgeted-hard-sandwich" in methods:
+                units.append((seed, "budgeted-hard-sandwich", lambda s=seed: self._hard(s, "-sandwich")))
+                units.append((seed, "bench-sandwich", lambda s=seed: self._bench(s, "-sandwich")))
             if "budgeted-scratch" in methods:
                 units.append((seed, "budgeted-scratch", lambda s=seed: self._scratch(s)))
             if methods & {"static", "static-soft"}:
@@ -405,6 +521,9 @@ class Experiment:
                 if method in methods:
                     for b in sub_one:
                         units.append((seed, f"{method}-b{b}", lambda s=seed, b=b, m=method: self._recovered(s, b, m)))
+            if "ladder" in methods:
+                for index in range(len(self.cfg.ladder)):
+                    units.append((seed, f"ladder-{index}", lambda s=seed, i=index: self._ladder(s, i)))
         return units
 
     def run(self) -> dict[str, Any]:
@@ -414,36 +533,38 @@ class Experiment:
         if done:
             self.log(f"resuming: {done} of {len(units)} units already finished in {self.out}")
         rows: list[dict[str, Any]] = []
-        benches: dict[int, dict[str, Any]] = {}
+        benches: dict[str, dict[int, dict[str, Any]]] = {}
         bar = tqdm(units, desc=self.cfg.name, disable=not self.progress)
         for index, (seed, name, work) in enumerate(bar):
             bar.set_postfix(unit=f"seed{seed}/{name}")
             record = self._unit(seed, name, index, work)
             rows += record.get("rows", [])
-            if name == "bench":
-                benches[seed] = record["bench"]
-        self._attach_bench(rows, benches)
+            if name in BENCH_UNITS:
+                benches.setdefault(BENCH_UNITS[name], {})[seed] = record["bench"]
+        for method, by_seed in benches.items():
+            self._attach_bench(rows, by_seed, method)
         rows = [r for r in rows if r["method"] in self.cfg.methods]
         return self._write_outputs(rows, benches, time.time() - started)
 
-    def _attach_bench(self, rows: list[dict[str, Any]], benches: dict[int, dict[str, Any]]) -> None:
-        """Measured speed of the first benchmark setting onto each seed's budgeted-hard rows."""
+    def _attach_bench(self, rows: list[dict[str, Any]], benches: dict[int, dict[str, Any]], method: str) -> None:
+        """Measured speed of the first benchmark setting (of the run's scope) onto each seed's ``method`` rows."""
         for seed, bench in benches.items():
             first = {}
             for r in bench["rows"]:
-                first.setdefault(r["budget"], r)
+                if r.get("scope", "heads") == self.cfg.budget_scope:
+                    first.setdefault(r["budget"], r)
             for row in rows:
-                if row["method"] == "budgeted-hard" and row["seed"] == seed and row["budget"] in first:
+                if row["method"] == method and row["seed"] == seed and row["budget"] in first:
                     record = ResultRow(**{k: v for k, v in row.items() if k in ResultRow.__dataclass_fields__})
                     record.attach_speed(first[row["budget"]])
                     row.update(record.to_dict())
 
-    def _write_outputs(self, rows: list[dict[str, Any]], benches: dict[int, dict[str, Any]], seconds: float) -> dict[str, Any]:
+    def _write_outputs(self, rows: list[dict[str, Any]], benches: dict[str, dict[int, dict[str, Any]]], seconds: float) -> dict[str, Any]:
         setting = self.cfg.bench
         notes = (
             f"Experiment '{self.cfg.name}' on data source '{self.cfg.data.source}', {len(self.cfg.seeds)} seed(s), mean ± std. "
             f"Accuracy: test split at choices made on validation. Cost kinds: soft-estimate (C(b) of soft gates, no speed), "
-            f"kept-heads (physically pruned). Speedups: pruned models over the plain dense reference (same kernels, no gate code), "
+            f"kept-heads (physically pruned; with budget_scope 'all' the kept heads and FFN groups). Budget scope: '{self.cfg.budget_scope}'. Speedups: pruned models over the plain dense reference (same kernels, no gate code), "
             f"batch {setting.batch_sizes[0]}, sequence {self._bench_seq()}, {setting.threads} thread(s); FLOP-ideal from the cost model.\n"
             f"Wall time of this invocation: {seconds:.0f} s.\n"
         )
@@ -455,11 +576,12 @@ class Experiment:
         plot_accuracy_vs_budget(rows, self.out / "accuracy_vs_budget.png", self.cfg.name)
         plot_accuracy_vs_cost(rows, self.out / "accuracy_vs_cost.png", self.cfg.name)
         plot_accuracy_vs_speedup(rows, self.out / "accuracy_vs_speedup.png", self.cfg.name)
-        if benches:
-            first = benches[min(benches)]
-            write_json_atomic(self.out / "bench.json", first)
-            write_text_atomic(self.out / "bench.md", f"# baa bench (seed {min(benches)}, budgeted-hard)\n\n" + bench_markdown(first))
-            plot_speedups(first["rows"], self.out / "speedup.png")
+        for method, by_seed in benches.items():
+            first = by_seed[min(by_seed)]
+            stem = "bench" if method == "budgeted-hard" else f"bench-{method.removeprefix('budgeted-hard-')}"
+            write_json_atomic(self.out / f"{stem}.json", first)
+            write_text_atomic(self.out / f"{stem}.md", f"# baa bench (seed {min(by_seed)}, {method})\n\n" + bench_markdown(first))
+            plot_speedups(first["rows"], self.out / ("speedup.png" if stem == "bench" else f"speedup-{stem}.png"))
         self.log(table)
         self.log(notes)
         self.log(f"run directory: {self.out}")

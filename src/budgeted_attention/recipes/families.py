@@ -34,8 +34,9 @@ class PretrainedConfig:
 class EncoderBuilder:
     """The project's own pre-LN encoder, trained from scratch on a word-level vocabulary."""
 
-    def __init__(self, template: ModelConfig) -> None:
+    def __init__(self, template: ModelConfig, ffn_group_size: int = 0) -> None:
         self.template = template
+        self.ffn_group_size = ffn_group_size
         self.config: ModelConfig | None = None
 
     def pretrained_tokenizer(self):
@@ -43,7 +44,8 @@ class EncoderBuilder:
 
     def prepare(self, splits: TensorSplits, bench_seq_lens: list[int]) -> None:
         self.config = dataclasses.replace(
-            self.template.unpruned(), vocab_size=splits.vocab_size, n_classes=splits.n_classes, pad_id=splits.pad_id
+            self.template.unpruned(), vocab_size=splits.vocab_size, n_classes=splits.n_classes, pad_id=splits.pad_id,
+            ffn_group_size=self.ffn_group_size,
         )
         check_max_len(self.config.max_len, splits.seq_len, bench_seq_lens, "model.max_len")
 
@@ -57,7 +59,7 @@ class EncoderBuilder:
 class PretrainedBuilder:
     """A pretrained BERT-family classifier (BERT, RoBERTa, ELECTRA, MiniLM...) with its own tokenizer."""
 
-    def __init__(self, pretrained: PretrainedConfig) -> None:
+    def __init__(self, pretrained: PretrainedConfig, ffn_group_size: int = 0) -> None:
         from transformers import AutoConfig  # noqa: PLC0415
 
         from budgeted_attention.hf.architectures import architecture_of  # noqa: PLC0415
@@ -65,7 +67,13 @@ class PretrainedBuilder:
 
         self.path = pretrained.resolved()
         architecture_of(self.path)  # an unsupported architecture fails here, before any work
-        self.max_len = bert_max_len(AutoConfig.from_pretrained(self.path))
+        hf_config = AutoConfig.from_pretrained(self.path)
+        self.max_len = bert_max_len(hf_config)
+        if ffn_group_size and hf_config.intermediate_size % ffn_group_size:
+            raise ConfigError(
+                f"ffn_group_size ({ffn_group_size}) must divide the feed-forward width of '{self.path}' ({hf_config.intermediate_size})"
+            )
+        self.ffn_group_size = ffn_group_size
         self.num_labels = 0
 
     def pretrained_tokenizer(self):
@@ -87,7 +95,7 @@ class PretrainedBuilder:
     def create(self) -> GatedModel:
         from budgeted_attention.hf.bert import load_gated_bert  # noqa: PLC0415
 
-        return load_gated_bert(self.path, self.num_labels)
+        return load_gated_bert(self.path, self.num_labels, ffn_group_size=self.ffn_group_size)
 
     def bench_low_id(self) -> int:
         # Random ids above the special and unused tokens of WordPiece vocabularies.
@@ -103,9 +111,12 @@ def check_max_len(max_len: int, data_len: int, bench_seq_lens: list[int], what: 
         raise ConfigError(f"bench.seq_lens {too_long} exceed {what} ({max_len} tokens)")
 
 
-def make_builder(name: str, model_template: ModelConfig, pretrained: PretrainedConfig):
+def make_builder(name: str, model_template: ModelConfig, pretrained: PretrainedConfig, ffn_group_size: int = 0):
+    """The builder of family ``name``; ``ffn_group_size`` > 0 puts the FFN under the budget."""
     if name == "encoder":
-        return EncoderBuilder(model_template)
+        if ffn_group_size and (model_template.d_ff == 0 or model_template.d_ff % ffn_group_size):
+            raise ConfigError(f"ffn_group_size ({ffn_group_size}) must divide model.d_ff ({model_template.d_ff}), which must be > 0")
+        return EncoderBuilder(model_template, ffn_group_size)
     if name == "bert":
-        return PretrainedBuilder(pretrained)
+        return PretrainedBuilder(pretrained, ffn_group_size)
     raise ConfigError(f"model_family must be one of {', '.join(FAMILY_NAMES)}, got {name!r}")

@@ -28,20 +28,22 @@ from budgeted_attention.io import write_json_atomic, write_text_atomic
 
 METHOD_ORDER = [
     "dense", "dense-long",
-    "budgeted", "budgeted-hard", "budgeted-scratch",
+    "budgeted", "budgeted-hard", "budgeted-sandwich", "budgeted-hard-sandwich", "budgeted-scratch",
     "static", "static-soft",
     "posthoc", "posthoc-recovered", "posthoc-recovered-1ep",
+    "ladder",
 ]
 _MEAN_FIELDS = [
     "accuracy", "val_accuracy", "cost", "estimated_cost", "steps", "accuracy_before_adaptation", "heads_kept",
     "latency_ms", "speedup", "ideal_speedup", "transformers_speedup", "plain_speedup",
 ]
-COST_KINDS = ("soft-estimate", "kept-heads", "dense")
+COST_KINDS = ("soft-estimate", "kept-heads", "smaller-dense", "dense")
 SOFT_MARK = "~"
 COST_LEGEND = (
-    f"Cost: fraction of the dense model's attention FLOPs. `{SOFT_MARK}` marks a soft-gate estimate C(b) "
+    f"Cost: fraction of the dense model's budgeted FLOPs (attention heads; with `budget_scope: all`, heads and "
+    f"feed-forward blocks). `{SOFT_MARK}` marks a soft-gate estimate C(b) "
     "(expected cost of the soft gates, no head removed); unmarked: kept-head fraction of the hard-masked / "
-    "pruned model, or 1 for dense."
+    "pruned model, or 1 for dense; `ladder` rows: a separately trained smaller dense model, cost = its forward FLOPs over the full model's."
 )
 
 

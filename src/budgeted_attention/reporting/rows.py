@@ -10,9 +10,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-# How a row's ``cost`` was obtained. Only "kept-heads" rows are physically pruned models whose
-# speed can be measured; soft estimates never enter a speed comparison.
-COST_KINDS = ("dense", "soft-estimate", "kept-heads")
+# How a row's ``cost`` was obtained. "kept-heads" rows are physically pruned models (kept heads,
+# and kept FFN groups under budget_scope all) and "smaller-dense" rows separately trained smaller
+# models (the ladder; cost = their FLOPs over the full model's): both have measurable speed. Soft
+# estimates never enter a speed comparison.
+COST_KINDS = ("dense", "soft-estimate", "kept-heads", "smaller-dense")
+MEASURABLE_KINDS = ("kept-heads", "smaller-dense")
 
 
 @dataclass
@@ -25,7 +28,9 @@ class ResultRow:
         seed: training seed.
         accuracy: test accuracy in [0, 1] (final evaluation of the chosen model).
         val_accuracy: validation accuracy in [0, 1]: the figure every choice is made on.
-        cost: fraction of the attention FLOPs used (soft: C(b); hard: kept-head cost fraction).
+        cost: fraction of the budgeted FLOPs used (soft: C(b); hard: kept-unit cost fraction). The
+            budgeted FLOPs are the attention heads' (``scope`` heads, the paper) or the heads' and
+            the feed-forward blocks' (``scope`` all).
         cost_kind: one of :data:`COST_KINDS`.
         steps: optimiser steps from initialisation (or from the pretrained checkpoint) that
             produced the evaluated weights.
@@ -36,6 +41,10 @@ class ResultRow:
         latency_ms / dense_latency_ms / speedup: measured (single setting, see bench fields).
         reference_speedups: measured speedup against further references (e.g. ``transformers``).
         layer_gates / gates: soft gate values (soft rows).
+        scope: ``heads`` or ``all`` (what the budget covers).
+        ffn_per_layer: FFN neurons per layer of a hard ``all``-scope row.
+        flops_fraction: whole-model forward FLOPs of a hard row over the dense model's (at the
+            benchmark sequence length).
     """
 
     method: str
@@ -61,6 +70,9 @@ class ResultRow:
     reference_speedups: dict[str, float] = field(default_factory=dict)
     layer_gates: list[float] | None = None
     gates: list[list[float]] | None = None
+    scope: str = "heads"
+    ffn_per_layer: list[int] | None = None
+    flops_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.cost_kind not in COST_KINDS:
@@ -68,8 +80,8 @@ class ResultRow:
 
     def attach_speed(self, bench_row: dict[str, Any]) -> None:
         """Copy one benchmark row's measured figures onto this (hard) row."""
-        if self.cost_kind != "kept-heads":
-            raise ValueError(f"only physically pruned rows get measured speed, not {self.method!r} ({self.cost_kind})")
+        if self.cost_kind not in MEASURABLE_KINDS:
+            raise ValueError(f"only physically smaller models get measured speed, not {self.method!r} ({self.cost_kind})")
         self.latency_ms = bench_row["latency_ms"]
         self.dense_latency_ms = bench_row["dense_latency_ms"]
         self.speedup = bench_row["speedup"]

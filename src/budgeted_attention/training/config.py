@@ -12,8 +12,10 @@ from budgeted_attention.errors import ConfigError
 class TrainConfig:
     """Hyper-parameters of the three training stages (steps are optimiser steps).
 
-    Budget sampling: each budgeted (and hard) step uses b = 1 with probability
-    ``full_budget_prob`` and otherwise draws b ~ Uniform[budget_min, budget_max].
+    Budget sampling (``budget_sampling``): ``single`` (default, the paper): each budgeted (and
+    hard) step uses b = 1 with probability ``full_budget_prob`` and otherwise draws
+    b ~ Uniform[budget_min, budget_max]. ``sandwich``: each step runs the full model, b = budget_min
+    and ``sandwich_random`` uniform budgets, the sub-models distilled from the full model's output.
     Early stopping of the dense stage: with ``early_stopping_patience`` > 0, validation accuracy
     is computed every ``eval_every`` steps and training stops after that many evaluations
     without improvement (``dense_steps`` is then the maximum).
@@ -51,6 +53,8 @@ class TrainConfig:
     polarization_weight: float = 1.0
     distill_weight: float = 0.5
     distill_temperature: float = 2.0
+    budget_sampling: str = "single"
+    sandwich_random: int = 2
 
     def __post_init__(self) -> None:
         """Check every value (types too: NaN, infinities and bools are refused), naming ``train.<key>``."""
@@ -71,6 +75,9 @@ class TrainConfig:
         self.full_budget_prob = check_float(self.full_budget_prob, "train.full_budget_prob", ge=0.0, le=1.0)
         check_int(self.early_stopping_patience, "train.early_stopping_patience", ge=0)
         check_int(self.eval_every, "train.eval_every", ge=1)
+        check_int(self.sandwich_random, "train.sandwich_random", ge=0)
+        if self.budget_sampling not in ("single", "sandwich"):
+            raise ConfigError(f"train.budget_sampling must be 'single' or 'sandwich', got {self.budget_sampling!r}")
         if self.budget_min > self.budget_max:
             raise ConfigError(
                 f"train.budget_min/budget_max must satisfy 0 < min <= max <= 1, "

@@ -9,6 +9,15 @@
    budgeted model at the same budget. The gates are frozen in this stage, so the ranking
    stored with the checkpoint is still the one its gates define.
 
+Budget sampling (``train.budget_sampling``): ``single`` draws one budget per step (the paper);
+``sandwich`` runs, every step, the full model (b = 1, cross-entropy on the labels), the smallest
+budget and ``sandwich_random`` random budgets, the sub-models distilled in place from the full
+model's output (the sandwich rule of slimmable / once-for-all networks), in both the soft and
+the hard stage. A sandwich step runs 2 + ``sandwich_random`` forward/backward passes.
+
+Units: the gates are every unit the model gates (heads, and FFN neuron groups under
+``budget_scope: all``); C(b) is their compute-weighted gate mass (:func:`estimated_cost`).
+
 Every stage works on any :class:`budgeted_attention.model.family.GatedModel`
 (``model(ids, mask, gates=G)`` and ``model.gates``), so every model family reuses it unchanged.
 Each stage returns a :class:`StageLog` with the optimiser steps it ran.
@@ -30,7 +39,8 @@ from tqdm.auto import tqdm
 
 from budgeted_attention.data.dataset import Split
 from budgeted_attention.model.cost import estimated_cost
-from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.model.gates import UnitGates
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.training.config import TrainConfig
 from budgeted_attention.training.evaluate import evaluate_accuracy
 
@@ -61,13 +71,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def is_gate_parameter(name: str) -> bool:
+    """Parameters of the budget gates (heads: ``gates.*``, FFN groups: ``ffn_gates.*``)."""
+    return any(part in ("gates", "ffn_gates") for part in name.split(".")[:-1])
+
+
 def _param_groups(model: nn.Module, lr: float, gate_lr: float, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only; the budget gates get their own (larger) learning rate."""
     decay, no_decay, gates = [], [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        if name.startswith("gates.") or ".gates." in name:
+        if is_gate_parameter(name):
             gates.append(param)
         elif param.ndim >= 2 and "embedding" not in name:
             decay.append(param)
@@ -223,39 +238,74 @@ def sample_budget(cfg: TrainConfig, rng: random.Random) -> float:
     return rng.uniform(cfg.budget_min, cfg.budget_max)
 
 
+def sandwich_budgets(cfg: TrainConfig, rng: random.Random) -> list[float]:
+    """The sub-model budgets of one sandwich step: the smallest, then ``sandwich_random`` random ones."""
+    return [cfg.budget_min] + [rng.uniform(cfg.budget_min, cfg.budget_max) for _ in range(cfg.sandwich_random)]
+
+
+def _cost_terms(gates: UnitGates, costs: torch.Tensor | UnitGates, budget: float, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(budget penalty, C(b)) of soft gates at ``budget``."""
+    cost = estimated_cost(gates if costs_has_ffn(costs) else gates.heads, costs)
+    penalty = cfg.overshoot_weight * F.relu(cost - budget + cfg.overshoot_margin) + cfg.gate_mass_weight * cost
+    # g(1 - g) is 0 for decided gates and 0.25 for g = 0.5: it pushes gates towards 0/1 so
+    # that the soft cost is carried by few units, which makes the hard ranking meaningful.
+    values = torch.cat([part.flatten() for part in gates.parts()])
+    penalty = penalty + cfg.polarization_weight * (values * (1 - values)).mean()
+    return penalty, cost
+
+
+def costs_has_ffn(costs: torch.Tensor | UnitGates) -> bool:
+    return isinstance(costs, UnitGates) and costs.ffn is not None
+
+
+def _soft_gates(m: nn.Module, budget: float, costs: torch.Tensor | UnitGates) -> UnitGates:
+    """g(b) of the gated units: heads only when ``costs`` cover heads only."""
+    return m.unit_gates(budget) if costs_has_ffn(costs) else UnitGates(m.gates(budget), None)
+
+
 def budgeted_loss(
     model: nn.Module,
-    head_costs: torch.Tensor,
+    unit_costs: torch.Tensor | UnitGates,
     cfg: TrainConfig,
     teacher: nn.Module | None,
 ) -> LossFn:
-    """The budgeted objective at one budget sampled per step (see :class:`TrainConfig`)."""
+    """The budgeted objective (see :class:`TrainConfig`), one budget per step or the sandwich rule.
 
-    def loss_fn(m, ids, mask, labels, rng):
+    ``unit_costs``: FLOPs per head (n_layers, n_heads) or :class:`UnitGates` with FFN groups.
+    """
+
+    def single(m, ids, mask, labels, rng):
         budget = sample_budget(cfg, rng)
-        gates = m.gates(budget)
+        gates = _soft_gates(m, budget, unit_costs)
         logits = m(ids, mask, gates=gates)
-        cost = estimated_cost(gates, head_costs)
-        loss = F.cross_entropy(logits, labels)
-        loss = loss + cfg.overshoot_weight * F.relu(cost - budget + cfg.overshoot_margin)
-        loss = loss + cfg.gate_mass_weight * cost
-        # g(1 - g) is 0 for decided gates and 0.25 for g = 0.5: it pushes gates towards 0/1 so
-        # that the soft cost is carried by few heads, which makes the hard ranking meaningful.
-        loss = loss + cfg.polarization_weight * (gates * (1 - gates)).mean()
+        penalty, cost = _cost_terms(gates, unit_costs, budget, cfg)
+        loss = F.cross_entropy(logits, labels) + penalty
         if teacher is not None and cfg.distill_weight > 0:
             with torch.no_grad():
                 teacher_logits = teacher(ids, mask)
             loss = loss + cfg.distill_weight * _distill(logits, teacher_logits, cfg.distill_temperature)
         return loss, {"b": budget, "C": float(cost.detach())}
 
-    return loss_fn
+    def sandwich(m, ids, mask, labels, rng):
+        full_logits = m(ids, mask)  # b = 1: every gate is exactly 1
+        loss = F.cross_entropy(full_logits, labels)
+        target = full_logits.detach()
+        costs = []
+        for budget in sandwich_budgets(cfg, rng):
+            gates = _soft_gates(m, budget, unit_costs)
+            penalty, cost = _cost_terms(gates, unit_costs, budget, cfg)
+            loss = loss + _distill(m(ids, mask, gates=gates), target, cfg.distill_temperature) + penalty
+            costs.append(float(cost.detach()))
+        return loss, {"C_min": costs[0]}
+
+    return sandwich if cfg.budget_sampling == "sandwich" else single
 
 
 def train_budgeted(
     model: nn.Module,
     train: Split,
     cfg: TrainConfig,
-    head_costs: torch.Tensor,
+    unit_costs: torch.Tensor | UnitGates,
     *,
     seed: int,
     teacher: nn.Module | None = None,
@@ -263,12 +313,16 @@ def train_budgeted(
     desc: str = "budgeted",
     progress: bool = True,
 ) -> StageLog:
-    """Stage 2: budgeted training with soft gates (``teacher``: the frozen dense model, optional)."""
+    """Stage 2: budgeted training with soft gates (``teacher``: the frozen dense model, optional;
+    the sandwich rule distils from the model's own full output instead).
+
+    ``unit_costs``: FLOPs per head, or per head and FFN group (:class:`UnitGates`): the gated units.
+    """
     if teacher is not None:
         teacher = copy.deepcopy(teacher).eval()
         for param in teacher.parameters():
             param.requires_grad_(False)
-    loss_fn = budgeted_loss(model, head_costs, cfg, teacher)
+    loss_fn = budgeted_loss(model, unit_costs, cfg, teacher)
     n_steps = cfg.budgeted_steps if steps is None else steps
     return run_steps(model, train, n_steps, loss_fn, cfg, seed=seed, lr=cfg.lr, desc=desc, progress=progress)
 
@@ -277,7 +331,7 @@ def train_hard(
     model: nn.Module,
     train: Split,
     cfg: TrainConfig,
-    ranking: HeadRanking,
+    ranking: Ranking,
     *,
     seed: int,
     progress: bool = True,
@@ -290,20 +344,35 @@ def train_hard(
     with ``cfg.full_budget_prob``), runs exactly the ranking's kept heads for it (hard 0/1 mask)
     and distils from the soft budgeted model at the same budget. ``ranking`` is fixed and the
     gates do not move, so the ranking derived from the saved gates is the stored one.
+
+    With ``cfg.budget_sampling == "sandwich"``: each step the full model (cross-entropy), the
+    hard sub-models of the smallest and ``sandwich_random`` random budgets distilled in place from
+    the full model's output.
     """
     teacher = copy.deepcopy(model).eval()
     for param in teacher.parameters():
         param.requires_grad_(False)
     low, high = budgets if budgets is not None else (cfg.budget_min, cfg.budget_max)
     stage_cfg = dataclasses.replace(cfg, budget_min=low, budget_max=high)
-    masks: dict[float, torch.Tensor] = {}
+    masks: dict[float, UnitGates] = {}
+
+    def hard_mask(budget: float) -> UnitGates:
+        hard = masks.get(budget)
+        if hard is None:
+            hard = masks.setdefault(budget, ranking.masks(budget))
+        return hard
+
+    def sandwich(m, ids, mask, labels, rng):
+        full_logits = m(ids, mask)
+        loss = F.cross_entropy(full_logits, labels)
+        target = full_logits.detach()
+        for budget in sandwich_budgets(stage_cfg, rng):
+            loss = loss + _distill(m(ids, mask, gates=hard_mask(budget)), target, cfg.distill_temperature)
+        return loss, {}
 
     def loss_fn(m, ids, mask, labels, rng):
         budget = sample_budget(stage_cfg, rng)
-        hard = masks.get(budget)
-        if hard is None:
-            hard = masks.setdefault(budget, ranking.mask(budget))
-        logits = m(ids, mask, gates=hard)
+        logits = m(ids, mask, gates=hard_mask(budget))
         loss = F.cross_entropy(logits, labels)
         if cfg.distill_weight > 0:
             with torch.no_grad():
@@ -311,11 +380,12 @@ def train_hard(
             loss = loss + cfg.distill_weight * _distill(logits, teacher_logits, cfg.distill_temperature)
         return loss, {"b": budget}
 
-    frozen = [p for p in model.gates.parameters() if p.requires_grad]
+    frozen = [p for name, p in model.named_parameters() if is_gate_parameter(name) and p.requires_grad]
     for param in frozen:
         param.requires_grad_(False)
+    chosen = sandwich if cfg.budget_sampling == "sandwich" else loss_fn
     try:
-        return run_steps(model, train, cfg.hard_steps, loss_fn, cfg, seed=seed, lr=cfg.hard_lr, desc=desc, progress=progress)
+        return run_steps(model, train, cfg.hard_steps, chosen, cfg, seed=seed, lr=cfg.hard_lr, desc=desc, progress=progress)
     finally:
         for param in frozen:
             param.requires_grad_(True)
@@ -325,18 +395,18 @@ def train_masked(
     model: nn.Module,
     train: Split,
     cfg: TrainConfig,
-    mask: torch.Tensor,
+    mask: torch.Tensor | UnitGates,
     *,
     steps: int,
     seed: int,
     desc: str = "recover",
     progress: bool = True,
 ) -> StageLog:
-    """Fine-tune with a fixed hard head mask (the recovery epoch of the post-hoc baseline).
+    """Fine-tune with a fixed hard mask of heads (tensor) or units (the recovery of the post-hoc baseline).
 
     Gates receive no gradient (the mask is a constant), so only the remaining weights adapt.
     """
-    fixed = mask.detach().clone()
+    fixed = mask.map(lambda t: t.detach().clone()) if isinstance(mask, UnitGates) else mask.detach().clone()
 
     def loss_fn(m, ids, attn, labels, _rng):
         return F.cross_entropy(m(ids, attn, gates=fixed), labels), {}
