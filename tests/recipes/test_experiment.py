@@ -95,12 +95,13 @@ def test_config_errors_name_the_bad_value(tmp_path):
 
 def test_shipped_configs_parse():
     root = Path(experiment_module.__file__).parents[3] / "configs"
-    for name in ("synthetic", "ag_news", "dbpedia14", "bbc_short", "bbc_news", "minilm_bbc_short", "bert_mini_ag_news", "bert_mini_dbpedia14"):
+    for name in ("synthetic", "ag_news", "dbpedia14", "bbc_short", "bbc_news", "minilm_bbc_short", "bert_mini_ag_news", "bert_mini_dbpedia14",
+                 "bbc_short_all", "minilm_bbc_short_all"):
         cfg = load_experiment_config(str(root / f"{name}.yaml"))
         assert cfg.name
     from budgeted_attention.recipes.demo import load_demo_config
 
-    for name in ("synthetic_d256", "demo_ablation"):
+    for name in ("synthetic_d256", "demo_ablation", "demo_all", "d256_all"):
         assert load_demo_config(str(root / f"{name}.yaml"), [], quick=False).name
 
 

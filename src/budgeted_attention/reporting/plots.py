@@ -18,6 +18,7 @@ _COLORS = {
     "dense": "black", "dense-long": "dimgray", "budgeted": "tab:blue", "budgeted-hard": "tab:orange",
     "budgeted-scratch": "tab:red", "static": "tab:green", "static-hard": "tab:olive", "posthoc": "tab:purple",
     "posthoc-recovered": "tab:brown", "posthoc-recovered-1ep": "tab:pink",
+    "budgeted-sandwich": "tab:cyan", "budgeted-hard-sandwich": "navy", "ladder": "tab:gray", "static-soft": "yellowgreen",
 }
 
 
@@ -104,9 +105,14 @@ def plot_accuracy_vs_budget(rows: list[dict[str, Any]], path: str | Path, title:
 
 
 def plot_accuracy_vs_speedup(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
-    """Accuracy against measured speedup (FLOP-ideal where no latency was measured)."""
+    """Accuracy against measured speedup (FLOP-ideal where no latency was measured): the Pareto
+    plot of the operating points, dense models at 1x, one curve per method (e.g. budgeted-hard
+    against the ladder of smaller dense models)."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for method, entries in _per_method(rows).items():
+        if method in ("dense", "dense-long"):
+            ax.plot([1.0] * len(entries), [100 * e["accuracy_mean"] for e in entries], "*", markersize=10, label=method, color=_color(method))
+            continue
         measured = [e for e in entries if "speedup_mean" in e]
         ideal = [e for e in entries if "speedup_mean" not in e and "ideal_speedup_mean" in e]
         if measured:
