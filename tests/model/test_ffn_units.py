@@ -189,3 +189,21 @@ def test_group_size_must_divide_the_ffn():
 
     with pytest.raises(ConfigError, match="ffn_group_size"):
         tiny_config(ffn_group_size=7)
+
+
+def test_sorting_ffn_neurons_is_refused_on_a_sliced_model():
+    model = _encoder()
+    model.set_active([4, 4, 4], [1, 1, 1])
+    with pytest.raises(ValueError, match="every unit active"):
+        model.sort_ffn_neurons([list(range(48))] * 3)
+
+
+def test_unit_gradient_importance_puts_heads_and_groups_on_one_scale():
+    from budgeted_attention.data.dataset import Split
+    from budgeted_attention.pruning.importance import unit_gradient_importance
+
+    model = _encoder()
+    split = Split(IDS, MASK, torch.tensor([0, 1, 2]))
+    scores = unit_gradient_importance(model, split)
+    joint = torch.cat([scores.heads, scores.ffn], dim=1).norm(dim=1)
+    assert torch.allclose(joint, torch.ones(3))

@@ -269,3 +269,25 @@ def test_ladder_config_is_validated(tmp_path):
         load_experiment_config(str(path), ["methods=[dense,ladder]", "ladder=[{width: 3}]"])
     with pytest.raises(ConfigError, match="ladder\\[0\\]"):
         load_experiment_config(str(path), ["methods=[dense,ladder]", "ladder=[{d_model: 10, n_heads: 3}]"])
+
+
+def test_digest_of_configs_from_before_the_new_keys_is_unchanged(tmp_path):
+    """A run stamped before budget_scope & co. existed still resumes: keys at their defaults are
+    left out of the digest; a non-default value changes it."""
+    import hashlib
+
+    from budgeted_attention.config import to_dict
+    from budgeted_attention.recipes.experiment import config_digest
+
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG)
+    cfg = load_experiment_config(str(path))
+    old = to_dict(cfg)
+    for key in ("budget_scope", "ffn_group_size", "reference_seq_len", "ladder"):
+        del old[key]
+    for key in ("budget_sampling", "sandwich_random"):
+        del old["train"][key]
+    for key in ("ffn_group_size", "ffn_group_ids"):
+        del old["model"][key]
+    assert config_digest(cfg) == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()
+    assert config_digest(load_experiment_config(str(path), ["budget_scope=all", "ffn_group_size=8"])) != config_digest(cfg)

@@ -323,6 +323,8 @@ class GatedModel(nn.Module):
         of consecutive neurons hold neurons of similar importance. Only on the unpruned layout."""
         if not self.is_identity_layout:
             raise ValueError("sort the FFN neurons before any pruning or sorting of units")
+        if self._active != self.heads_per_layer or self._active_groups != self.groups_per_layer:
+            raise ValueError("sort the FFN neurons with every unit active (not on a sliced model)")
         widths = self.ffn_widths()
         if len(orders) != self.n_layers:
             raise ValueError(f"expected {self.n_layers} neuron orders, got {len(orders)}")

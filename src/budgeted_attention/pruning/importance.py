@@ -69,8 +69,9 @@ def leave_one_out_importance(model: nn.Module, split: Split, n_layers: int, n_he
 def unit_gradient_importance(model: nn.Module, split: Split, batch_size: int = 128, normalize: bool = True) -> UnitGates:
     """|dL/dmask| of every head and FFN group (when the model gates them), summed over ``split``.
 
-    Heads and groups are normalised separately per layer (L2), as Michel et al. normalise heads;
-    shapes (n_layers, n_heads) and (n_layers, n_groups).
+    Every layer's scores (heads and groups together, so both stay on one scale for the global
+    ranking) are normalised to unit L2 norm, as Michel et al. normalise heads per layer; shapes
+    (n_layers, n_heads) and (n_layers, n_groups).
     """
     was_training = model.training
     model.eval()
@@ -88,7 +89,8 @@ def unit_gradient_importance(model: nn.Module, split: Split, batch_size: int = 1
             score += grad.abs() * float(attn.sum()) / total_tokens
     model.train(was_training)
     if normalize:
-        scores = [s / s.norm(dim=1, keepdim=True).clamp_min(1e-20) for s in scores]
+        layer_norm = torch.cat(scores, dim=1).norm(dim=1, keepdim=True).clamp_min(1e-20)
+        scores = [s / layer_norm for s in scores]
     return UnitGates(scores[0], scores[1] if len(scores) > 1 else None)
 
 

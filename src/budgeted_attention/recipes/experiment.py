@@ -141,6 +141,10 @@ class ExperimentConfig:
         if self.budget_scope == "all" and self.posthoc_importance != "gradient" and {"posthoc", "posthoc-recovered", "posthoc-recovered-1ep"} & set(self.methods):
             raise ConfigError("posthoc_importance 'leave-one-out' scores heads only; use 'gradient' with budget_scope 'all'")
         self._check_ladder()
+        if self.model.ffn_group_size or self.model.ffn_group_ids:
+            raise ConfigError("model.ffn_group_size/ffn_group_ids are set by the pipeline: use budget_scope: all and ffn_group_size")
+        if self.budget_scope == "all" and self.model_family == "encoder" and (self.model.d_ff == 0 or self.model.d_ff % self.ffn_group_size):
+            raise ConfigError(f"ffn_group_size ({self.ffn_group_size}) must divide model.d_ff ({self.model.d_ff}), which must be > 0")
         if self.model_family not in ("encoder", "bert"):
             raise ConfigError(f"model_family must be 'encoder' or 'bert', got {self.model_family!r}")
         self.budgets = check_budgets(self.budgets, "budgets")
@@ -171,6 +175,27 @@ class ExperimentConfig:
     def path_steps(self) -> int:
         """Steps the budgeted path adds after the dense model (budgeted + hard stages)."""
         return self.train.budgeted_steps + self.train.hard_steps
+
+
+# Config keys added after runs were stamped, with their defaults: left out of the digest while at
+# the default, so a run directory made before they existed still resumes with the same config.
+_LATER_KEYS = {
+    ("budget_scope",): "heads", ("ffn_group_size",): 64, ("reference_seq_len",): 0, ("ladder",): [],
+    ("train", "budget_sampling"): "single", ("train", "sandwich_random"): 2,
+    ("model", "ffn_group_size"): 0, ("model", "ffn_group_ids"): [],
+}
+
+
+def config_digest(cfg: ExperimentConfig) -> str:
+    """SHA-256 of the resolved config (what ``config.sha256`` stamps in a run directory)."""
+    data = to_dict(cfg)
+    for path, default in _LATER_KEYS.items():
+        parent = data
+        for key in path[:-1]:
+            parent = parent.get(key, {})
+        if path[-1] in parent and parent[path[-1]] == default:
+            del parent[path[-1]]
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -> ExperimentConfig:
@@ -236,7 +261,7 @@ class Experiment:
     # ---------------------------------------------------------------- bookkeeping
 
     def _digest(self) -> str:
-        return hashlib.sha256(json.dumps(to_dict(self.cfg), sort_keys=True).encode()).hexdigest()
+        return config_digest(self.cfg)
 
     def _check_resumable(self) -> None:
         """Refuse to resume a run directory made with a different configuration."""
@@ -317,6 +342,7 @@ class Experiment:
                     cost=float(estimated_cost(gates, costs)), cost_kind="soft-estimate", steps=steps,
                     layer_gates=[round(float(g), 4) for g in gates.heads.mean(dim=1)],
                     gates=[[round(float(v), 4) for v in layer] for layer in gates.heads],
+                    ffn_layer_gates=None if gates.ffn is None else [round(float(g), 4) for g in gates.ffn.mean(dim=1)],
                     scope=self.cfg.budget_scope,
                 ))
         return rows
@@ -371,7 +397,9 @@ class Experiment:
         dense, description = self._load(seed, "dense")
         model = copy.deepcopy(dense)
         name = f"budgeted{variant}"
-        log = train_budgeted(model, self.splits.train, self._train_cfg(variant), self._unit_costs(model), seed=seed, teacher=dense, desc=name, progress=self.progress)
+        train_cfg = self._train_cfg(variant)
+        teacher = None if train_cfg.budget_sampling == "sandwich" else dense  # the sandwich distils in place
+        log = train_budgeted(model, self.splits.train, train_cfg, self._unit_costs(model), seed=seed, teacher=teacher, desc=name, progress=self.progress)
         steps = int(description["steps"]) + log.steps
         save_model(model, self._ckpt(seed, name), method=name, seed=seed, steps=steps)
         return {"rows": self._soft_rows(name, model, seed, steps, self.cfg.budgets)}
@@ -381,7 +409,9 @@ class Experiment:
         # Same total steps as the warm-started path: the dense model's actual steps (it may have
         # stopped early) plus the budgeted stage.
         steps = self.cfg.train.scratch_steps or self._steps_of(seed, "dense") + self.cfg.train.budgeted_steps
-        log = train_budgeted(model, self.splits.train, self.cfg.train, self._unit_costs(model), seed=seed, steps=steps, desc="scratch", progress=self.progress)
+        # The paper's ablation: one budget per step, whatever train.budget_sampling says.
+        scratch_cfg = dataclasses.replace(self.cfg.train, budget_sampling="single")
+        log = train_budgeted(model, self.splits.train, scratch_cfg, self._unit_costs(model), seed=seed, steps=steps, desc="scratch", progress=self.progress)
         return {"rows": self._soft_rows("budgeted-scratch", model, seed, log.steps, self.cfg.budgets)}
 
     def _hard(self, seed: int, variant: str = "") -> dict[str, Any]:
@@ -417,7 +447,8 @@ class Experiment:
         """A specialist for one budget: soft gates at b only, its own top-k, hard adaptation, pruned and timed."""
         dense, description = self._load(seed, "dense")
         model = copy.deepcopy(dense)
-        fixed = dataclasses.replace(self.cfg.train, budget_min=budget, budget_max=budget, full_budget_prob=0.0)
+        # One budget only: the sandwich rule does not apply to a specialist.
+        fixed = dataclasses.replace(self.cfg.train, budget_min=budget, budget_max=budget, full_budget_prob=0.0, budget_sampling="single")
         log = train_budgeted(model, self.splits.train, fixed, self._unit_costs(model), seed=seed, teacher=dense, desc=f"static b={budget}", progress=self.progress)
         soft_steps = int(description["steps"]) + log.steps
         rows = self._soft_rows("static-soft", model, seed, soft_steps, [budget])
@@ -480,7 +511,7 @@ class Experiment:
             method="ladder", budget=round(min(1.0, fraction), 3), seed=seed, accuracy=acc, val_accuracy=val,
             cost=fraction, cost_kind="smaller-dense", steps=log.steps, heads_kept=sum(config.heads_per_layer),
             heads_per_layer=config.heads_per_layer, ideal_speedup=1.0 / fraction, flops_fraction=fraction,
-            ffn_per_layer=[config.d_ff] * config.n_layers,
+            ffn_per_layer=[config.d_ff] * config.n_layers, scope="all",  # its cost is whole-model FLOPs
         )
         cfg = dataclasses.replace(self._bench_cfg([]), include_sliced=False)
         timed = bench_against_reference(big, {"ladder": model}, cfg, **self._bench_kwargs())

@@ -65,11 +65,16 @@ def plot_accuracy_vs_cost(rows: list[dict[str, Any]], path: str | Path, title: s
 def plot_speedups(bench_rows: list[dict[str, Any]], path: str | Path) -> None:
     """Measured and FLOP-ideal speedup against budget, one panel line per (batch, seq)."""
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    settings = sorted({(r["batch_size"], r["seq_len"]) for r in bench_rows})
-    for batch, seq in settings:
-        rows = sorted((r for r in bench_rows if (r["batch_size"], r["seq_len"]) == (batch, seq)), key=lambda r: r["budget"])
-        line = ax.plot([r["budget"] for r in rows], [r["speedup"] for r in rows], marker="o", label=f"measured, batch {batch}, seq {seq}")
-        ax.plot([r["budget"] for r in rows], [r["ideal_speedup"] for r in rows], "--", color=line[0].get_color(), label=f"FLOP-ideal, batch {batch}, seq {seq}")
+    settings = sorted({(r.get("scope", "heads"), r.get("input", "random"), r["batch_size"], r["seq_len"]) for r in bench_rows})
+    scoped = len({s[0] for s in settings}) > 1
+    for scope, source, batch, seq in settings:
+        rows = sorted(
+            (r for r in bench_rows if (r.get("scope", "heads"), r.get("input", "random"), r["batch_size"], r["seq_len"]) == (scope, source, batch, seq)),
+            key=lambda r: r["budget"],
+        )
+        name = (f"{scope}, " if scoped else "") + f"batch {batch}, seq {seq}" + ("" if source == "random" else f" ({source})")
+        line = ax.plot([r["budget"] for r in rows], [r["speedup"] for r in rows], marker="o", label=f"measured, {name}")
+        ax.plot([r["budget"] for r in rows], [r["ideal_speedup"] for r in rows], "--", color=line[0].get_color(), label=f"FLOP-ideal, {name}")
     threads = sorted({r["threads"] for r in bench_rows})
     ax.set_xlabel("budget b")
     ax.set_ylabel("speedup over plain dense model")

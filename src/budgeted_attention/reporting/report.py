@@ -211,14 +211,23 @@ def bench_table(result: dict[str, Any]) -> str:
     setting = result.get("setting") if isinstance(result.get("setting"), dict) else {}
     if setting.get("dense_reference"):
         lines += [f"Dense reference: {setting['dense_reference']}.", ""]
-    header = [c[0] for c in columns[:4]] + ["heads kept"] + [c[0] for c in columns[4:]]
+    # Under budget_scope all, rows of both scopes (heads only, and heads + FFN) stand side by side.
+    scoped = any(r.get("scope") for r in rows)
+    ffn = any(r.get("ffn_per_layer") is not None for r in rows)
+    header = [c[0] for c in columns[:1]] + (["scope"] if scoped else []) + [c[0] for c in columns[1:4]] + ["heads kept"]
+    header += (["FFN neurons per layer", "FLOPs"] if ffn else []) + [c[0] for c in columns[4:]]
     lines += ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
     for r in rows:
         heads = ""
         if r.get("heads_kept") is not None:
             heads = str(r["heads_kept"]) + (f" {r['heads_per_layer']}" if r.get("heads_per_layer") is not None else "")
         cells = [_num(r, c[1], c[2], c[3]) for c in columns]
-        lines.append("| " + " | ".join(cells[:4] + [heads] + cells[4:]) + " |")
+        extra = []
+        if ffn:
+            widths = r.get("ffn_per_layer")
+            extra = ["all" if widths is None else str(widths), _num({"f": 100 * r["flops_fraction"]} if isinstance(r.get("flops_fraction"), (int, float)) else {}, "f", ".0f", "%")]
+        scope = [str(r.get("scope", "heads"))] if scoped else []
+        lines.append("| " + " | ".join(cells[:1] + scope + cells[1:4] + [heads] + extra + cells[4:]) + " |")
     overhead = [o for o in result.get("gate_overhead", []) if isinstance(o, dict)]
     if overhead:
         lines += ["", "| batch | seq | plain dense ms | gated model at b=1 ms | overhead |", "|---:|---:|---:|---:|---:|"]

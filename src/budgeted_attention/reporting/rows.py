@@ -41,7 +41,8 @@ class ResultRow:
         latency_ms / dense_latency_ms / speedup: measured (single setting, see bench fields).
         reference_speedups: measured speedup against further references (e.g. ``transformers``).
         layer_gates / gates: soft gate values (soft rows).
-        scope: ``heads`` or ``all`` (what the budget covers).
+        ffn_layer_gates: mean FFN group gate per layer (soft rows under ``budget_scope: all``).
+        scope: ``heads`` or ``all`` (what the budget covers; ``ladder`` rows: ``all``, whole-model FLOPs).
         ffn_per_layer: FFN neurons per layer of a hard ``all``-scope row.
         flops_fraction: whole-model forward FLOPs of a hard row over the dense model's (at the
             benchmark sequence length).
@@ -70,6 +71,7 @@ class ResultRow:
     reference_speedups: dict[str, float] = field(default_factory=dict)
     layer_gates: list[float] | None = None
     gates: list[list[float]] | None = None
+    ffn_layer_gates: list[float] | None = None
     scope: str = "heads"
     ffn_per_layer: list[int] | None = None
     flops_fraction: float | None = None

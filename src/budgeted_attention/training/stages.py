@@ -349,17 +349,23 @@ def train_hard(
     hard sub-models of the smallest and ``sandwich_random`` random budgets distilled in place from
     the full model's output.
     """
-    teacher = copy.deepcopy(model).eval()
-    for param in teacher.parameters():
-        param.requires_grad_(False)
+    use_sandwich = cfg.budget_sampling == "sandwich"
+    teacher = None
+    if not use_sandwich:  # the sandwich distils from the model's own full output
+        teacher = copy.deepcopy(model).eval()
+        for param in teacher.parameters():
+            param.requires_grad_(False)
     low, high = budgets if budgets is not None else (cfg.budget_min, cfg.budget_max)
     stage_cfg = dataclasses.replace(cfg, budget_min=low, budget_max=high)
     masks: dict[float, UnitGates] = {}
 
     def hard_mask(budget: float) -> UnitGates:
+        # Only the budgets that recur (the range ends, b = 1) are cached; uniform draws never repeat.
         hard = masks.get(budget)
         if hard is None:
-            hard = masks.setdefault(budget, ranking.masks(budget))
+            hard = ranking.masks(budget)
+            if budget in (low, high, 1.0):
+                masks[budget] = hard
         return hard
 
     def sandwich(m, ids, mask, labels, rng):
@@ -383,7 +389,7 @@ def train_hard(
     frozen = [p for name, p in model.named_parameters() if is_gate_parameter(name) and p.requires_grad]
     for param in frozen:
         param.requires_grad_(False)
-    chosen = sandwich if cfg.budget_sampling == "sandwich" else loss_fn
+    chosen = sandwich if use_sandwich else loss_fn
     try:
         return run_steps(model, train, cfg.hard_steps, chosen, cfg, seed=seed, lr=cfg.hard_lr, desc=desc, progress=progress)
     finally:
