@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     experiment.add_argument("--out", help="run directory (default: runs/<name>)")
     experiment.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
     experiment.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    experiment.add_argument(
+        "--finished-only", action="store_true",
+        help="run nothing: write results from the units already finished (a partial run, marked as such)",
+    )
 
     bench = sub.add_parser("bench", help="measure CPU latency of dense vs pruned models of a run")
     bench.add_argument("run_dir", help="run directory written by 'baa demo' or 'baa experiment' (or a budgeted-hard checkpoint .json)")
@@ -114,7 +118,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_experiment(args: argparse.Namespace) -> int:
     from budgeted_attention.recipes.experiment import run_experiment
 
-    run_experiment(args.config, args.out, args.overrides, progress=not args.no_progress)
+    run_experiment(args.config, args.out, args.overrides, progress=not args.no_progress, finished_only=args.finished_only)
     return 0
 
 

@@ -291,3 +291,20 @@ def test_digest_of_configs_from_before_the_new_keys_is_unchanged(tmp_path):
         del old["model"][key]
     assert config_digest(cfg) == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()
     assert config_digest(load_experiment_config(str(path), ["budget_scope=all", "ffn_group_size=8"])) != config_digest(cfg)
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_finished_only_writes_a_partial_run_marked_as_such(tmp_path):
+    from budgeted_attention.reporting.report import load_run, run_section
+
+    cfg = _config(tmp_path)
+    cfg.methods = ["dense", "budgeted"]
+    out = tmp_path / "run"
+    experiment = Experiment(cfg, out, progress=False, log=lambda *_: None)
+    seed, name, work = experiment.plan()[0]  # seed 0's dense model only
+    experiment._unit(seed, name, 0, work)
+    Experiment(cfg, out, progress=False, log=lambda *_: None).run(finished_only=True)
+    results = json.loads((out / "results.json").read_text())
+    assert {r["method"] for r in results["rows"]} == {"dense"}
+    assert "PARTIAL RUN: 1 of 4 units" in results["partial"]
+    assert "PARTIAL RUN" in run_section(load_run(out), figures_dir=None, out=None)

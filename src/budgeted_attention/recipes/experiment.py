@@ -557,12 +557,20 @@ class Experiment:
                     units.append((seed, f"ladder-{index}", lambda s=seed, i=index: self._ladder(s, i)))
         return units
 
-    def run(self) -> dict[str, Any]:
+    def run(self, finished_only: bool = False) -> dict[str, Any]:
+        """Run every unfinished unit, then write the outputs. ``finished_only``: run nothing and
+        write the outputs of the units already finished (a partial run, said so in the notes)."""
         started = time.time()
         units = self.plan()
         done = sum(self._unit_path(seed, name).exists() for seed, name, _ in units)
         if done:
             self.log(f"resuming: {done} of {len(units)} units already finished in {self.out}")
+        self.partial = None
+        if finished_only:
+            missing = [f"seed{seed}/{name}" for seed, name, _ in units if not self._unit_path(seed, name).exists()]
+            units = [u for u in units if self._unit_path(u[0], u[1]).exists()]
+            if missing:
+                self.partial = f"PARTIAL RUN: {len(units)} of {len(units) + len(missing)} units finished; missing: {', '.join(missing)}."
         rows: list[dict[str, Any]] = []
         benches: dict[str, dict[int, dict[str, Any]]] = {}
         bar = tqdm(units, desc=self.cfg.name, disable=not self.progress)
@@ -599,11 +607,13 @@ class Experiment:
             f"batch {setting.batch_sizes[0]}, sequence {self._bench_seq()}, {setting.threads} thread(s); FLOP-ideal from the cost model.\n"
             f"Wall time of this invocation: {seconds:.0f} s.\n"
         )
+        if getattr(self, "partial", None):
+            notes = f"**{self.partial}**\n\n" + notes
         summary = headline(rows)
         write_json_atomic(self.out / "summary.json", summary)
         if summary.get("per_seed"):
             notes += "\n## Headline figures (soft budgeted model, per seed; budgets chosen on validation)\n\n" + headline_markdown(summary)
-        table = write_results(self.out, rows, title=f"baa experiment: {self.cfg.name}", notes=notes)
+        table = write_results(self.out, rows, title=f"baa experiment: {self.cfg.name}", notes=notes, partial=getattr(self, "partial", None))
         plot_accuracy_vs_budget(rows, self.out / "accuracy_vs_budget.png", self.cfg.name)
         plot_accuracy_vs_cost(rows, self.out / "accuracy_vs_cost.png", self.cfg.name)
         plot_accuracy_vs_speedup(rows, self.out / "accuracy_vs_speedup.png", self.cfg.name)
@@ -619,7 +629,9 @@ class Experiment:
         return {"rows": rows, "table": table, "bench": benches}
 
 
-def run_experiment(config_path: str, out_dir: str | None, overrides: list[str] | None = None, progress: bool = True) -> dict[str, Any]:
+def run_experiment(
+    config_path: str, out_dir: str | None, overrides: list[str] | None = None, progress: bool = True, finished_only: bool = False
+) -> dict[str, Any]:
     cfg = load_experiment_config(config_path, overrides)
     out = out_dir or f"runs/{cfg.name}"
-    return Experiment(cfg, out, progress=progress).run()
+    return Experiment(cfg, out, progress=progress).run(finished_only=finished_only)

@@ -277,6 +277,8 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
     if run["wall_time"]:
         lines.append(f"- Wall time: {run['wall_time']}")
     lines.append(f"- Run directory: `{run['path']}`")
+    if run["results"].get("partial"):
+        lines += ["", f"**{run['results']['partial']}**"]
     seeds = sorted({r.get('seed') for r in run["rows"] if r.get("seed") is not None}, key=str)
     lines += ["", f"### {run['name']}: results", "", f"{len(run['rows'])} rows, seeds {', '.join(map(str, seeds)) or 'none'}; mean ± std over seeds. "
               "Accuracies in %; `test acc.` on the held-out test split, `val. acc.` on the validation split.", ""]

@@ -176,10 +176,12 @@ def rows_to_csv(rows: list[dict[str, Any]]) -> str:
     return buffer.getvalue()
 
 
-def write_results(out_dir: str | Path, rows: list[dict[str, Any]], *, title: str, notes: str = "") -> str:
-    """Write results.json, results.csv and results.md atomically; returns the Markdown table."""
+def write_results(out_dir: str | Path, rows: list[dict[str, Any]], *, title: str, notes: str = "", partial: str | None = None) -> str:
+    """Write results.json, results.csv and results.md atomically; returns the Markdown table.
+
+    ``partial``: a sentence saying the run is unfinished (kept in results.json for reports)."""
     out = Path(out_dir)
-    write_json_atomic(out / "results.json", {"rows": rows})
+    write_json_atomic(out / "results.json", {"rows": rows, **({"partial": partial} if partial else {})})
     write_text_atomic(out / "results.csv", rows_to_csv(rows))
     table = markdown_table(aggregate(rows))
     write_text_atomic(out / "results.md", f"# {title}\n\n{table}\n{notes}")
