@@ -33,6 +33,7 @@ FORMAT = "budgeted_attention/2"
 FAMILIES = {
     "encoder": "budgeted_attention.model.transformer:EncoderClassifier",
     "bert": "budgeted_attention.hf.bert:GatedBertClassifier",
+    "decoder": "budgeted_attention.model.decoder:CausalLM",
 }
 
 

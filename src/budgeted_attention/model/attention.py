@@ -24,14 +24,26 @@ class GatedSelfAttention(nn.Module):
 
     A layer with zero heads skips attention and returns the output-projection bias, so the
     residual stream still receives the same constant it would from fully-gated heads.
+
+    Options for decoders: ``causal`` (each position attends to itself and earlier positions
+    only) and ``qk_norm`` (RMS normalisation of every head's queries and keys over the head
+    dimension, with gains shared by all heads, as in Simple Attention Networks; shared gains
+    need no surgery when heads are removed).
     """
 
-    def __init__(self, d_model: int, n_heads: int, head_dim: int, dropout: float = 0.0) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, head_dim: int, dropout: float = 0.0, *, causal: bool = False, qk_norm: bool = False
+    ) -> None:
         super().__init__()
         self.d_model = d_model
         self.n_heads = n_heads
         self.head_dim = head_dim
         self.dropout = dropout
+        self.causal = causal
+        if qk_norm:
+            self.q_norm = nn.RMSNorm(head_dim)
+            self.k_norm = nn.RMSNorm(head_dim)
+        self.qk_norm = qk_norm
         self.qkv_weight = nn.Parameter(torch.empty(n_heads * 3 * head_dim, d_model))
         self.qkv_bias = nn.Parameter(torch.zeros(n_heads * 3 * head_dim))
         self.out_weight_t = nn.Parameter(torch.empty(n_heads * head_dim, d_model))
@@ -83,8 +95,16 @@ class GatedSelfAttention(nn.Module):
         qkv = F.linear(x, qkv_weight, qkv_bias)
         qkv = qkv.view(batch, seq, n, 3, hd).permute(3, 0, 2, 1, 4)  # (3, B, n, T, hd)
         q, k, v = qkv.unbind(0)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        is_causal = False
+        if self.causal:
+            if attn_mask is None:
+                is_causal = True
+            else:  # keys must be both earlier (or the same position) and real tokens
+                attn_mask = attn_mask & torch.ones(seq, seq, dtype=torch.bool, device=x.device).tril()
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
         )  # (B, n, T, hd)
         if head_gates is not None:
             y = y * head_gates.to(y.dtype).view(1, n, 1, 1)

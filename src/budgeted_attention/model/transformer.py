@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -82,17 +83,30 @@ class FeedForward(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-    """x + Attn(LN(x)), then x + FFN(LN(x)) (FFN omitted when d_ff == 0)."""
+    """x + Attn(LN(x)), then x + FFN(LN(x)) (FFN omitted when d_ff == 0): the pre-LN block of the
+    encoder and, with ``causal``, of the decoder.
 
-    def __init__(self, cfg: ModelConfig, n_heads: int, ffn_width: int | None = None) -> None:
+    Options: ``causal`` and ``qk_norm`` (see :class:`GatedSelfAttention`); ``residual_gate``: a
+    learned scalar (initialised to 1) on each residual branch, as Simple Attention Networks allow.
+    """
+
+    def __init__(
+        self, cfg: ModelConfig, n_heads: int, ffn_width: int | None = None, *,
+        causal: bool = False, qk_norm: bool = False, residual_gate: bool = False,
+    ) -> None:
         super().__init__()
         self.ln_attn = nn.LayerNorm(cfg.d_model)
-        self.attn = GatedSelfAttention(cfg.d_model, n_heads, cfg.head_dim, cfg.dropout)
+        self.attn = GatedSelfAttention(cfg.d_model, n_heads, cfg.head_dim, cfg.dropout, causal=causal, qk_norm=qk_norm)
         self.dropout = nn.Dropout(cfg.dropout)
         self.has_ffn = cfg.d_ff > 0
         if self.has_ffn:
             self.ln_ffn = nn.LayerNorm(cfg.d_model)
             self.ffn = FeedForward(cfg.d_model, cfg.d_ff if ffn_width is None else ffn_width, cfg.dropout, cfg.ffn_group_size)
+        self.residual_gate = residual_gate
+        if residual_gate:
+            self.attn_gain = nn.Parameter(torch.ones(()))
+            if self.has_ffn:
+                self.ffn_gain = nn.Parameter(torch.ones(()))
 
     def forward(
         self,
@@ -104,81 +118,58 @@ class EncoderBlock(nn.Module):
         # A sub-layer without units adds only its output bias: skip its LayerNorm (whole-layer
         # skip when both are empty).
         if self.attn.active_heads == 0:
-            x = x + self.attn.out_bias
+            y = self.attn.out_bias
         else:
             y = self.attn(self.ln_attn(x), attn_mask, head_gates)
-            x = x + (self.dropout(y) if self.training else y)
+            y = self.dropout(y) if self.training else y
+        x = x + (self.attn_gain * y if self.residual_gate else y)
         if self.has_ffn:
-            if self.ffn.active_width == 0:
-                x = x + self.ffn.fc2.bias
-            else:
-                x = x + self.ffn(self.ln_ffn(x), group_gates)
+            y = self.ffn.fc2.bias if self.ffn.active_width == 0 else self.ffn(self.ln_ffn(x), group_gates)
+            x = x + (self.ffn_gain * y if self.residual_gate else y)
         return x
 
 
-class EncoderClassifier(GatedModel):
-    """Token + learned position embeddings -> pre-LN blocks -> final LN -> pooling -> linear.
+class BlockStack(GatedModel):
+    """The family hooks shared by models built from :class:`EncoderBlock` s (``self.blocks``) and
+    a dataclass config (``self.config``, of type ``config_class``): the encoder and the decoder."""
 
-    Gating: ``forward(ids, budget=b)`` multiplies each head's output by its budget gate g(b);
-    ``forward(ids, gates=G)`` uses explicit full-grid gates (e.g. hard 0/1 masks); with neither,
-    no gate code runs at all (the dense fast path). Pruned and sorted copies re-index the gates
-    to the heads they hold (see :mod:`budgeted_attention.model.family`).
-    """
+    config_class: ClassVar[type] = ModelConfig
+    blocks: nn.ModuleList
 
-    family = "encoder"
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
+    def _build(self, config: ModelConfig, *, causal: bool = False, qk_norm: bool = False, residual_gate: bool = False) -> None:
+        """Embeddings, blocks and the final LayerNorm of ``config`` (then the gate grids)."""
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.position_embedding = nn.Embedding(config.max_len, config.d_model)
         self.embedding_dropout = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(EncoderBlock(config, h, w) for h, w in zip(config.heads_per_layer, config.ffn_widths))
-        self.ln_final = nn.LayerNorm(config.d_model)
-        self.classifier = nn.Linear(config.d_model, config.n_classes)
-        self._init_heads(
-            config.n_layers, config.n_heads, config.head_ids,
-            ffn_width=config.d_ff, group_size=config.ffn_group_size, group_ids=config.ffn_group_ids or None,
+        self.blocks = nn.ModuleList(
+            EncoderBlock(config, h, w, causal=causal, qk_norm=qk_norm, residual_gate=residual_gate)
+            for h, w in zip(config.heads_per_layer, config.ffn_widths)
         )
-        nn.init.normal_(self.token_embedding.weight, std=0.35)
-        with torch.no_grad():
-            self.position_embedding.weight.copy_(sinusoidal_positions(config.max_len, config.d_model))
+        self.ln_final = nn.LayerNorm(config.d_model)
+        self._init_units(config)
 
-    def forward(
+    def _hidden_states(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        *,
-        budget: float | None = None,
-        gates: torch.Tensor | UnitGates | None = None,
+        token_type_ids: torch.Tensor | None,
+        sdpa_mask: torch.Tensor | None,
+        budget: float | None,
+        gates: torch.Tensor | UnitGates | None,
     ) -> torch.Tensor:
-        """Class logits.
+        """Embeddings through every block and the final LayerNorm: (batch, seq) -> (batch, seq, d_model).
 
-        Args:
-            input_ids: (batch, seq) token ids, seq <= max_len.
-            attention_mask: optional (batch, seq), 1 for real tokens and 0 for padding.
-            token_type_ids: accepted for interface parity; this model has no segment embeddings,
-                so anything but all zeros is refused.
-            budget: attention budget in (0, 1] for the budget gates.
-            gates: explicit full-grid gate values (overrides ``budget``): a (n_layers, n_heads)
-                tensor, or :class:`UnitGates` with FFN group gates too.
-
-        Returns:
-            (batch, n_classes) logits.
+        ``sdpa_mask``: None or boolean (batch, 1, 1, seq), True where keys may be attended.
         """
-        batch, seq = input_ids.shape
+        seq = input_ids.shape[1]
         if seq > self.config.max_len:
             raise ValueError(f"sequence length {seq} exceeds model max_len {self.config.max_len}")
         if token_type_ids is not None and bool(token_type_ids.any()):
-            raise ValueError("this encoder has no segment embeddings: token_type_ids must be None or all zeros")
+            raise ValueError(f"this {self.family} model has no segment embeddings: token_type_ids must be None or all zeros")
         positions = torch.arange(seq, device=input_ids.device)
         x = self.token_embedding(input_ids) + self.position_embedding(positions)
         if self.training:
             x = self.embedding_dropout(x)
-        sdpa_mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            sdpa_mask = attention_mask.bool().view(batch, 1, 1, seq)
         head_gates, group_gates = self.layer_unit_gates(budget, gates)
         for layer, block in enumerate(self.blocks):
             x = block(
@@ -186,19 +177,13 @@ class EncoderClassifier(GatedModel):
                 None if head_gates is None else head_gates[layer],
                 None if group_gates is None else group_gates[layer],
             )
-        x = self.ln_final(x)
-        return self.classifier(self.pool(x, attention_mask))
+        return self.ln_final(x)
 
-    def pool(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """(batch, seq, d) -> (batch, d)."""
-        if self.config.pooling == "cls":
-            return x[:, 0]
-        if attention_mask is None:
-            return x.mean(dim=1)
-        weights = attention_mask.to(x.dtype).unsqueeze(-1)
-        return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
-
-    # ------------------------------------------------------------------ family hooks
+    def _init_units(self, config: ModelConfig) -> None:
+        self._init_heads(
+            config.n_layers, config.n_heads, config.head_ids,
+            ffn_width=config.d_ff, group_size=config.ffn_group_size, group_ids=config.ffn_group_ids or None,
+        )
 
     @property
     def max_len(self) -> int:
@@ -242,14 +227,75 @@ class EncoderClassifier(GatedModel):
     def cost_model(self, seq_len: int) -> CostModel:
         return CostModel(self.config.unpruned(), seq_len)
 
-    def plain_reference(self) -> nn.Module:
-        from budgeted_attention.benchmark.reference import PlainEncoder  # noqa: PLC0415
-
-        return PlainEncoder(self)
-
     def describe(self) -> dict:
         return {"model_config": json.loads(self.config.to_json())}
 
     @classmethod
-    def from_description(cls, description: dict) -> EncoderClassifier:
-        return cls(ModelConfig.from_json_dict(description["model_config"]))
+    def from_description(cls, description: dict) -> BlockStack:
+        return cls(cls.config_class.from_json_dict(description["model_config"]))
+
+
+class EncoderClassifier(BlockStack):
+    """Token + learned position embeddings -> pre-LN blocks -> final LN -> pooling -> linear.
+
+    Gating: ``forward(ids, budget=b)`` multiplies each head's output by its budget gate g(b);
+    ``forward(ids, gates=G)`` uses explicit full-grid gates (e.g. hard 0/1 masks); with neither,
+    no gate code runs at all (the dense fast path). Pruned and sorted copies re-index the gates
+    to the heads they hold (see :mod:`budgeted_attention.model.family`).
+    """
+
+    family = "encoder"
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self._build(config)
+        self.classifier = nn.Linear(config.d_model, config.n_classes)
+        nn.init.normal_(self.token_embedding.weight, std=0.35)
+        with torch.no_grad():
+            self.position_embedding.weight.copy_(sinusoidal_positions(config.max_len, config.d_model))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        *,
+        budget: float | None = None,
+        gates: torch.Tensor | UnitGates | None = None,
+    ) -> torch.Tensor:
+        """Class logits.
+
+        Args:
+            input_ids: (batch, seq) token ids, seq <= max_len.
+            attention_mask: optional (batch, seq), 1 for real tokens and 0 for padding.
+            token_type_ids: accepted for interface parity; this model has no segment embeddings,
+                so anything but all zeros is refused.
+            budget: attention budget in (0, 1] for the budget gates.
+            gates: explicit full-grid gate values (overrides ``budget``): a (n_layers, n_heads)
+                tensor, or :class:`UnitGates` with FFN group gates too.
+
+        Returns:
+            (batch, n_classes) logits.
+        """
+        batch, seq = input_ids.shape
+        sdpa_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            sdpa_mask = attention_mask.bool().view(batch, 1, 1, seq)
+        x = self._hidden_states(input_ids, token_type_ids, sdpa_mask, budget, gates)
+        return self.classifier(self.pool(x, attention_mask))
+
+    def pool(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """(batch, seq, d) -> (batch, d)."""
+        if self.config.pooling == "cls":
+            return x[:, 0]
+        if attention_mask is None:
+            return x.mean(dim=1)
+        weights = attention_mask.to(x.dtype).unsqueeze(-1)
+        return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+
+    # ------------------------------------------------------------------ family hooks
+
+    def plain_reference(self) -> nn.Module:
+        from budgeted_attention.benchmark.reference import PlainEncoder  # noqa: PLC0415
+
+        return PlainEncoder(self)
