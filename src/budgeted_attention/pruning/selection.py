@@ -43,6 +43,19 @@ class KeptUnits:
     def groups_per_layer(self) -> list[int] | None:
         return None if self.groups is None else [len(g) for g in self.groups]
 
+    def masks(self, n_heads: int, n_groups: int = 0) -> UnitGates:
+        """Full-grid 0/1 masks of the kept heads (n_layers, n_heads) and, when groups are kept,
+        FFN groups (n_layers, n_groups)."""
+        heads = torch.zeros(len(self.heads), n_heads)
+        for layer, ids in enumerate(self.heads):
+            heads[layer, ids] = 1.0
+        if self.groups is None:
+            return UnitGates(heads, None)
+        groups = torch.zeros(len(self.groups), n_groups)
+        for layer, ids in enumerate(self.groups):
+            groups[layer, ids] = 1.0
+        return UnitGates(heads, groups)
+
 
 @dataclass(frozen=True)
 class HeadRanking:
@@ -239,13 +252,7 @@ class UnitRanking:
 
     def masks(self, budget: float) -> UnitGates:
         """0/1 masks of the kept units: heads (n_layers, n_heads), groups (n_layers, n_groups)."""
-        kept = self.kept(budget)
-        heads = torch.zeros(self.n_layers, self.n_heads)
-        groups = torch.zeros(self.n_layers, self.n_groups)
-        for layer in range(self.n_layers):
-            heads[layer, kept.heads[layer]] = 1.0
-            groups[layer, kept.groups[layer]] = 1.0  # type: ignore[index]
-        return UnitGates(heads, groups)
+        return self.kept(budget).masks(self.n_heads, self.n_groups)
 
     def mask(self, budget: float) -> UnitGates:
         return self.masks(budget)

@@ -220,19 +220,6 @@ def make_splits(cfg: ExperimentConfig, out: Path, pretrained_tokenizer=None) -> 
     return splits
 
 
-def kept_masks(model: GatedModel, kept: KeptUnits) -> UnitGates:
-    """Full-grid 0/1 masks of kept heads (and FFN groups; all ones when only heads are pruned)."""
-    heads = torch.zeros(model.n_layers, model.n_heads)
-    for layer, ids in enumerate(kept.heads):
-        heads[layer, ids] = 1.0
-    if kept.groups is None:
-        return UnitGates(heads, None)
-    groups = torch.zeros(model.n_layers, model.n_groups)
-    for layer, ids in enumerate(kept.groups):
-        groups[layer, ids] = 1.0
-    return UnitGates(heads, groups)
-
-
 def evaluate_model(model: GatedModel, splits: TensorSplits, batch: int, **gating: Any) -> tuple[float, float]:
     """(validation accuracy, test accuracy) of a finished model; the only place the test split is read."""
     val = evaluate_accuracy(model, splits.val, batch, **gating)
@@ -353,7 +340,7 @@ class Experiment:
         cost = model.cost_model(self._bench_seq())
         rows = []
         for b, kept in kept_by_budget.items():
-            masks = kept_masks(model, kept)
+            masks = kept.masks(model.n_heads, model.n_groups)
             val, acc = evaluate_model(model, self.splits, self.eval_batch, gates=masks)
             heads = kept.heads_per_layer
             widths = None if kept.groups is None else [len(g) * model.group_size for g in kept.groups]
