@@ -98,3 +98,22 @@ def test_bad_decoder_options_are_refused():
         DecoderConfig(vocab_size=10, qk_norm="yes")
     with pytest.raises(ValueError, match="max_len"):
         _model()(torch.zeros(1, 17, dtype=torch.long))
+
+
+@pytest.mark.parametrize("options", [{}, {"qk_norm": True, "residual_gate": True}, {"d_ff": 0, "ffn_group_size": 0, "qk_norm": True, "residual_gate": True}])
+def test_plain_reference_equals_dense_decoder(options):
+    model = _model(**options)
+    with torch.no_grad():  # move the QK-norm gains and residual gains off their init values
+        for name, param in model.named_parameters():
+            if "norm" in name or "gain" in name:
+                param.add_(0.3 * torch.randn(param.shape))
+    reference = model.plain_reference()
+    with torch.no_grad():
+        torch.testing.assert_close(reference(IDS), model(IDS), atol=1e-5, rtol=1e-5)
+
+
+def test_plain_reference_refuses_pruned_decoder():
+    model = _model()
+    pruned = prune_to_budget(model, rank_units(model.unit_importance(), model.unit_costs(12)), 0.5)
+    with pytest.raises(ValueError, match="unpruned"):
+        pruned.plain_reference()

@@ -1,4 +1,4 @@
-"""A plain dense encoder with no gate code, used as the latency reference.
+"""Plain dense encoder and decoder with no gate code, used as the latency references.
 
 Every speedup in ``baa bench`` is ``reference latency / pruned latency``, so the reference must
 run exactly the kernels the (pruned) :class:`EncoderClassifier` runs on its dense path, or part
@@ -16,6 +16,10 @@ model's dense path op for op:
 
 What it leaves out is exactly the part under test: gate resolution, the per-head gate
 multiply, the active-head prefix slicing and the (inference-time no-op) dropout modules.
+
+:class:`PlainDecoder` does the same for :class:`~budgeted_attention.model.decoder.CausalLM`:
+causal SDPA (``is_causal``), the optional per-head QK RMS-norm and residual gains, and the tied
+output layer.
 """
 
 from __future__ import annotations
@@ -35,9 +39,13 @@ class _PlainAttention(nn.Module):
     head_dim, d_model), the output projection stored transposed.
     """
 
-    def __init__(self, d_model: int, n_heads: int, head_dim: int) -> None:
+    def __init__(self, d_model: int, n_heads: int, head_dim: int, causal: bool = False, qk_norm: bool = False) -> None:
         super().__init__()
-        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
+        self.d_model, self.n_heads, self.head_dim, self.causal = d_model, n_heads, head_dim, causal
+        self.qk_norm = qk_norm
+        if qk_norm:
+            self.q_norm = nn.RMSNorm(head_dim)
+            self.k_norm = nn.RMSNorm(head_dim)
         self.qkv_weight = nn.Parameter(torch.empty(n_heads * 3 * head_dim, d_model))
         self.qkv_bias = nn.Parameter(torch.empty(n_heads * 3 * head_dim))
         self.out_weight_t = nn.Parameter(torch.empty(n_heads * head_dim, d_model))
@@ -52,29 +60,69 @@ class _PlainAttention(nn.Module):
         h, hd = self.n_heads, self.head_dim
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
         q, k, v = qkv.view(batch, seq, h, 3, hd).permute(3, 0, 2, 1, 4).unbind(0)  # each (B, h, T, hd)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        # The decoder runs unmasked (right padding never precedes a real token): causal only.
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=self.causal and attn_mask is None)
         y = y.transpose(1, 2).reshape(batch * seq, h * hd)
         return torch.addmm(self.out_bias, y, self.out_weight_t).view(batch, seq, self.d_model)
 
 
 class _PlainBlock(nn.Module):
-    """x + Attn(LN(x)), then x + FFN(LN(x)) (no FFN when d_ff == 0)."""
+    """x + Attn(LN(x)), then x + FFN(LN(x)) (no FFN when d_ff == 0); optional residual gains."""
 
-    def __init__(self, d_model: int, n_heads: int, head_dim: int, d_ff: int) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, head_dim: int, d_ff: int, *, causal: bool = False, qk_norm: bool = False, residual_gate: bool = False
+    ) -> None:
         super().__init__()
         self.ln_attn = nn.LayerNorm(d_model)
-        self.attn = _PlainAttention(d_model, n_heads, head_dim)
+        self.attn = _PlainAttention(d_model, n_heads, head_dim, causal, qk_norm)
         self.has_ffn = d_ff > 0
         if self.has_ffn:
             self.ln_ffn = nn.LayerNorm(d_model)
             self.fc1 = nn.Linear(d_model, d_ff)
             self.fc2 = nn.Linear(d_ff, d_model)
+        self.residual_gate = residual_gate
+        if residual_gate:
+            self.attn_gain = nn.Parameter(torch.ones(()))
+            self.ffn_gain = nn.Parameter(torch.ones(()))
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.attn(self.ln_attn(x), attn_mask)
+        y = self.attn(self.ln_attn(x), attn_mask)
+        x = x + (self.attn_gain * y if self.residual_gate else y)
         if self.has_ffn:
-            x = x + self.fc2(F.gelu(self.fc1(self.ln_ffn(x))))
+            y = self.fc2(F.gelu(self.fc1(self.ln_ffn(x))))
+            x = x + (self.ffn_gain * y if self.residual_gate else y)
         return x
+
+    @torch.no_grad()
+    def copy_from(self, block: nn.Module) -> None:
+        """Copy the weights of an unpruned :class:`~budgeted_attention.model.transformer.EncoderBlock`
+        (same layouts, so the tensors copy one to one as contiguous clones)."""
+        self.ln_attn.load_state_dict(block.ln_attn.state_dict())
+        for name in ("qkv_weight", "qkv_bias", "out_weight_t", "out_bias"):
+            getattr(self.attn, name).copy_(getattr(block.attn, name))
+        if self.attn.qk_norm:
+            self.attn.q_norm.load_state_dict(block.attn.q_norm.state_dict())
+            self.attn.k_norm.load_state_dict(block.attn.k_norm.state_dict())
+        if self.has_ffn:
+            self.ln_ffn.load_state_dict(block.ln_ffn.state_dict())
+            self.fc1.load_state_dict(block.ffn.fc1.state_dict())
+            self.fc2.load_state_dict(block.ffn.fc2.state_dict())
+        if self.residual_gate:
+            self.attn_gain.copy_(block.attn_gain)
+            if self.has_ffn:
+                self.ffn_gain.copy_(block.ffn_gain)
+
+
+def _check_unpruned(source: nn.Module, name: str) -> None:
+    """The reference is the full dense model: refuse a pruned or prefix-serving source."""
+    cfg = source.config
+    if cfg.is_pruned:
+        raise ValueError(f"{name} mirrors the unpruned model only; got heads_per_layer={cfg.heads_per_layer}")
+    active = [block.attn.active_heads for block in source.blocks]
+    if any(a != cfg.n_heads for a in active):
+        raise ValueError(f"{name} needs all {cfg.n_heads} heads active per layer; got {active}")
 
 
 class PlainEncoder(nn.Module):
@@ -91,14 +139,8 @@ class PlainEncoder(nn.Module):
 
     def __init__(self, source: EncoderClassifier) -> None:
         super().__init__()
+        _check_unpruned(source, "PlainEncoder")
         cfg = source.config
-        if cfg.is_pruned:
-            raise ValueError(
-                f"PlainEncoder mirrors the unpruned model only; got heads_per_layer={cfg.heads_per_layer}"
-            )
-        active = [block.attn.active_heads for block in source.blocks]
-        if any(a != cfg.n_heads for a in active):
-            raise ValueError(f"PlainEncoder needs all {cfg.n_heads} heads active per layer; got {active}")
         self.max_len = cfg.max_len
         self.pooling = cfg.pooling
         self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -118,16 +160,7 @@ class PlainEncoder(nn.Module):
         self.ln_final.load_state_dict(source.ln_final.state_dict())
         self.classifier.load_state_dict(source.classifier.state_dict())
         for plain, block in zip(self.blocks, source.blocks):
-            plain.ln_attn.load_state_dict(block.ln_attn.state_dict())
-            # Same layout as the source, so the tensors copy one to one (contiguous clones).
-            plain.attn.qkv_weight.copy_(block.attn.qkv_weight)
-            plain.attn.qkv_bias.copy_(block.attn.qkv_bias)
-            plain.attn.out_weight_t.copy_(block.attn.out_weight_t)
-            plain.attn.out_bias.copy_(block.attn.out_bias)
-            if plain.has_ffn:
-                plain.ln_ffn.load_state_dict(block.ln_ffn.state_dict())
-                plain.fc1.load_state_dict(block.ffn.fc1.state_dict())
-                plain.fc2.load_state_dict(block.ffn.fc2.state_dict())
+            plain.copy_from(block)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Class logits.
@@ -162,3 +195,46 @@ class PlainEncoder(nn.Module):
             return x.mean(dim=1)
         weights = attention_mask.to(x.dtype).unsqueeze(-1)
         return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+
+
+class PlainDecoder(nn.Module):
+    """Dense, gate-free copy of an unpruned :class:`~budgeted_attention.model.decoder.CausalLM`.
+
+    ``PlainDecoder(model)(ids)`` equals ``model(ids)`` up to float rounding (causal attention,
+    QK-norm, residual gains, ``d_ff == 0`` included). Inference only; weights are copied.
+
+    Raises:
+        ValueError: ``source`` is pruned or serves a prefix of its heads.
+    """
+
+    def __init__(self, source: nn.Module) -> None:
+        super().__init__()
+        _check_unpruned(source, "PlainDecoder")
+        cfg = source.config
+        self.max_len = cfg.max_len
+        self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.position_embedding = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.blocks = nn.ModuleList(
+            _PlainBlock(cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff, causal=True, qk_norm=cfg.qk_norm, residual_gate=cfg.residual_gate)
+            for _ in range(cfg.n_layers)
+        )
+        self.ln_final = nn.LayerNorm(cfg.d_model)
+        with torch.no_grad():
+            self.token_embedding.load_state_dict(source.token_embedding.state_dict())
+            self.position_embedding.load_state_dict(source.position_embedding.state_dict())
+            self.ln_final.load_state_dict(source.ln_final.state_dict())
+            for plain, block in zip(self.blocks, source.blocks):
+                plain.copy_from(block)
+        self.eval()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(batch, seq) ids -> (batch, seq, vocab) next-token logits. ``attention_mask`` is unused
+        (right padding: causal attention never reaches it), as in the model."""
+        seq = input_ids.shape[1]
+        if seq > self.max_len:
+            raise ValueError(f"sequence length {seq} exceeds model max_len {self.max_len}")
+        positions = torch.arange(seq, device=input_ids.device)
+        x = self.token_embedding(input_ids) + self.position_embedding(positions)
+        for block in self.blocks:
+            x = block(x, None)
+        return F.linear(self.ln_final(x), self.token_embedding.weight)

@@ -98,8 +98,10 @@ class CausalLM(BlockStack):
     def cost_model(self, seq_len: int) -> DecoderCostModel:
         return DecoderCostModel(self.config.unpruned(), seq_len)
 
-    def plain_reference(self) -> nn.Module:  # pragma: no cover - the LM bench reference comes with `baa lm`
-        raise NotImplementedError("the like-for-like dense reference of the decoder family is not built yet")
+    def plain_reference(self) -> nn.Module:
+        from budgeted_attention.benchmark.reference import PlainDecoder  # noqa: PLC0415
+
+        return PlainDecoder(self)
 
 
 def lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -6,7 +6,8 @@
   comparable.
 * ``leave_one_out_importance``: the validation loss increase when one head is masked out.
 
-Both return (n_layers, n_heads) scores, higher = more important, for
+Every score takes the task's loss (:mod:`budgeted_attention.tasks`: cross-entropy on labels, or
+next-token loss of a language model). Both return (n_layers, n_heads) scores, higher = more important, for
 :meth:`HeadRanking.from_scores`; ``unit_gradient_importance`` scores heads and FFN groups.
 
 * ``ffn_neuron_importance``: DynaBERT's neuron reordering score, |sum over tokens of
@@ -18,14 +19,16 @@ Both return (n_layers, n_heads) scores, higher = more important, for
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from budgeted_attention.data.dataset import Split
 from budgeted_attention.model.gates import UnitGates
+from budgeted_attention.tasks import CLASSIFY, Task
 
 
-def gradient_importance(model: nn.Module, split: Split, n_layers: int, n_heads: int, batch_size: int = 128, normalize: bool = True) -> torch.Tensor:
+def gradient_importance(
+    model: nn.Module, split: Split, n_layers: int, n_heads: int, batch_size: int = 128, normalize: bool = True, task: Task = CLASSIFY
+) -> torch.Tensor:
     """|dL/dmask| summed over ``split``, shape (n_layers, n_heads)."""
     was_training = model.training
     model.eval()
@@ -33,7 +36,7 @@ def gradient_importance(model: nn.Module, split: Split, n_layers: int, n_heads: 
     total_tokens = float(split.attention_mask.sum())
     scores = torch.zeros(n_layers, n_heads)
     for ids, attn, labels in split.batches(batch_size):
-        loss = F.cross_entropy(model(ids, attn, gates=mask), labels)
+        loss = task.loss(model(ids, attn, gates=mask), ids, attn, labels)
         (grad,) = torch.autograd.grad(loss, mask)
         scores += grad.abs() * float(attn.sum()) / total_tokens
     model.train(was_training)
@@ -43,7 +46,9 @@ def gradient_importance(model: nn.Module, split: Split, n_layers: int, n_heads: 
 
 
 @torch.no_grad()
-def leave_one_out_importance(model: nn.Module, split: Split, n_layers: int, n_heads: int, batch_size: int = 256) -> torch.Tensor:
+def leave_one_out_importance(
+    model: nn.Module, split: Split, n_layers: int, n_heads: int, batch_size: int = 256, task: Task = CLASSIFY
+) -> torch.Tensor:
     """Validation loss with head (l, h) masked minus the loss with all heads, shape (n_layers, n_heads)."""
     was_training = model.training
     model.eval()
@@ -51,8 +56,8 @@ def leave_one_out_importance(model: nn.Module, split: Split, n_layers: int, n_he
     def loss_with(mask: torch.Tensor) -> float:
         total, count = 0.0, 0
         for ids, attn, labels in split.batches(batch_size):
-            total += float(F.cross_entropy(model(ids, attn, gates=mask), labels, reduction="sum"))
-            count += len(labels)
+            batch_total, batch_count = task.summed_loss(model(ids, attn, gates=mask), ids, attn, labels)
+            total, count = total + float(batch_total), count + batch_count
         return total / count
 
     base = loss_with(torch.ones(n_layers, n_heads))
@@ -66,7 +71,7 @@ def leave_one_out_importance(model: nn.Module, split: Split, n_layers: int, n_he
     return scores
 
 
-def unit_gradient_importance(model: nn.Module, split: Split, batch_size: int = 128, normalize: bool = True) -> UnitGates:
+def unit_gradient_importance(model: nn.Module, split: Split, batch_size: int = 128, normalize: bool = True, task: Task = CLASSIFY) -> UnitGates:
     """|dL/dmask| of every head and FFN group (when the model gates them), summed over ``split``.
 
     Every layer's scores (heads and groups together, so both stay on one scale for the global
@@ -83,7 +88,7 @@ def unit_gradient_importance(model: nn.Module, split: Split, batch_size: int = 1
     scores = [torch.zeros_like(p) for p in parts]
     total_tokens = float(split.attention_mask.sum())
     for ids, attn, labels in split.batches(batch_size):
-        loss = F.cross_entropy(model(ids, attn, gates=masks), labels)
+        loss = task.loss(model(ids, attn, gates=masks), ids, attn, labels)
         grads = torch.autograd.grad(loss, parts)
         for score, grad in zip(scores, grads):
             score += grad.abs() * float(attn.sum()) / total_tokens
@@ -94,7 +99,7 @@ def unit_gradient_importance(model: nn.Module, split: Split, batch_size: int = 1
     return UnitGates(scores[0], scores[1] if len(scores) > 1 else None)
 
 
-def ffn_neuron_importance(model: nn.Module, split: Split, batch_size: int = 128, max_batches: int = 0) -> list[torch.Tensor]:
+def ffn_neuron_importance(model: nn.Module, split: Split, batch_size: int = 128, max_batches: int = 0, task: Task = CLASSIFY) -> list[torch.Tensor]:
     """Per layer, a (width,) importance of each FFN neuron on ``split`` (use the TRAINING split).
 
     The score is |dL/dm_j| for a mask m_j = 1 multiplying neuron j's activation, i.e.
@@ -122,7 +127,7 @@ def ffn_neuron_importance(model: nn.Module, split: Split, batch_size: int = 128,
             if max_batches and count >= max_batches:
                 break
             model.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(ids, attn), labels)
+            loss = task.loss(model(ids, attn), ids, attn, labels)
             loss.backward()
             for index, act in enumerate(captured):
                 contribution = (act.detach() * act.grad).flatten(0, -2).sum(dim=0).abs()
@@ -135,10 +140,10 @@ def ffn_neuron_importance(model: nn.Module, split: Split, batch_size: int = 128,
     return [s.detach() for s in scores]
 
 
-def sort_ffn_by_importance(model: nn.Module, split: Split, batch_size: int = 128, max_batches: int = 0) -> list[list[int]]:
+def sort_ffn_by_importance(model: nn.Module, split: Split, batch_size: int = 128, max_batches: int = 0, task: Task = CLASSIFY) -> list[list[int]]:
     """Sort every layer's FFN neurons by :func:`ffn_neuron_importance` on ``split`` (most important
     first; function-preserving). Returns the neuron orders applied."""
-    scores = ffn_neuron_importance(model, split, batch_size, max_batches)
+    scores = ffn_neuron_importance(model, split, batch_size, max_batches, task)
     orders = [torch.argsort(score, descending=True, stable=True).tolist() for score in scores]
     model.sort_ffn_neurons(orders)
     return orders

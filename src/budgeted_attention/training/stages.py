@@ -41,8 +41,8 @@ from budgeted_attention.data.dataset import Split
 from budgeted_attention.model.cost import estimated_cost
 from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.pruning.selection import Ranking
+from budgeted_attention.tasks import CLASSIFY, Task
 from budgeted_attention.training.config import TrainConfig
-from budgeted_attention.training.evaluate import evaluate_accuracy
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, random.Random], tuple[torch.Tensor, dict]]
 
@@ -187,17 +187,6 @@ def run_steps(
     return log
 
 
-def _distill(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """KL(teacher || student) on temperature-softened distributions, scaled by T^2."""
-    t = temperature
-    return F.kl_div(
-        F.log_softmax(student_logits / t, dim=-1),
-        F.log_softmax(teacher_logits / t, dim=-1),
-        log_target=True,
-        reduction="batchmean",
-    ) * (t * t)
-
-
 def train_dense(
     model: nn.Module,
     train: Split,
@@ -208,18 +197,19 @@ def train_dense(
     val: Split | None = None,
     steps: int | None = None,
     desc: str = "dense",
+    task: Task = CLASSIFY,
 ) -> StageLog:
     """Stage 1: dense training with all gates off (no gate code in the forward pass).
 
     With ``cfg.early_stopping_patience`` > 0 and a validation split, ``cfg.dense_steps`` is the
-    maximum and training stops when validation accuracy stops improving (best weights kept).
+    maximum and training stops when the validation metric stops improving (best weights kept).
     """
 
     def loss_fn(m, ids, mask, labels, _rng):
-        return F.cross_entropy(m(ids, mask), labels), {}
+        return task.loss(m(ids, mask), ids, mask, labels), {}
 
     early = cfg.early_stopping_patience > 0 and val is not None
-    evaluate = (lambda m: evaluate_accuracy(m, val, cfg.eval_batch_size)) if early else None
+    evaluate = (lambda m: task.score(task.evaluate(m, val, cfg.eval_batch_size))) if early else None
     n_steps = cfg.dense_steps if steps is None else steps
     return run_steps(
         model, train, n_steps, loss_fn, cfg, seed=seed, lr=cfg.lr, desc=desc, progress=progress,
@@ -268,6 +258,7 @@ def budgeted_loss(
     unit_costs: torch.Tensor | UnitGates,
     cfg: TrainConfig,
     teacher: nn.Module | None,
+    task: Task = CLASSIFY,
 ) -> LossFn:
     """The budgeted objective (see :class:`TrainConfig`), one budget per step or the sandwich rule.
 
@@ -279,22 +270,22 @@ def budgeted_loss(
         gates = _soft_gates(m, budget, unit_costs)
         logits = m(ids, mask, gates=gates)
         penalty, cost = _cost_terms(gates, unit_costs, budget, cfg)
-        loss = F.cross_entropy(logits, labels) + penalty
+        loss = task.loss(logits, ids, mask, labels) + penalty
         if teacher is not None and cfg.distill_weight > 0:
             with torch.no_grad():
                 teacher_logits = teacher(ids, mask)
-            loss = loss + cfg.distill_weight * _distill(logits, teacher_logits, cfg.distill_temperature)
+            loss = loss + cfg.distill_weight * task.distill(logits, teacher_logits, mask, cfg.distill_temperature)
         return loss, {"b": budget, "C": float(cost.detach())}
 
     def sandwich(m, ids, mask, labels, rng):
         full_logits = m(ids, mask)  # b = 1: every gate is exactly 1
-        loss = F.cross_entropy(full_logits, labels)
+        loss = task.loss(full_logits, ids, mask, labels)
         target = full_logits.detach()
         costs = []
         for budget in sandwich_budgets(cfg, rng):
             gates = _soft_gates(m, budget, unit_costs)
             penalty, cost = _cost_terms(gates, unit_costs, budget, cfg)
-            loss = loss + _distill(m(ids, mask, gates=gates), target, cfg.distill_temperature) + penalty
+            loss = loss + task.distill(m(ids, mask, gates=gates), target, mask, cfg.distill_temperature) + penalty
             costs.append(float(cost.detach()))
         return loss, {"C_min": costs[0]}
 
@@ -312,6 +303,7 @@ def train_budgeted(
     steps: int | None = None,
     desc: str = "budgeted",
     progress: bool = True,
+    task: Task = CLASSIFY,
 ) -> StageLog:
     """Stage 2: budgeted training with soft gates (``teacher``: the frozen dense model, optional;
     the sandwich rule distils from the model's own full output instead).
@@ -322,7 +314,7 @@ def train_budgeted(
         teacher = copy.deepcopy(teacher).eval()
         for param in teacher.parameters():
             param.requires_grad_(False)
-    loss_fn = budgeted_loss(model, unit_costs, cfg, teacher)
+    loss_fn = budgeted_loss(model, unit_costs, cfg, teacher, task)
     n_steps = cfg.budgeted_steps if steps is None else steps
     return run_steps(model, train, n_steps, loss_fn, cfg, seed=seed, lr=cfg.lr, desc=desc, progress=progress)
 
@@ -337,6 +329,7 @@ def train_hard(
     progress: bool = True,
     budgets: tuple[float, float] | None = None,
     desc: str = "hard",
+    task: Task = CLASSIFY,
 ) -> StageLog:
     """Stage 3: hard-gate adaptation with soft-model distillation; the gates are frozen.
 
@@ -370,20 +363,20 @@ def train_hard(
 
     def sandwich(m, ids, mask, labels, rng):
         full_logits = m(ids, mask)
-        loss = F.cross_entropy(full_logits, labels)
+        loss = task.loss(full_logits, ids, mask, labels)
         target = full_logits.detach()
         for budget in sandwich_budgets(stage_cfg, rng):
-            loss = loss + _distill(m(ids, mask, gates=hard_mask(budget)), target, cfg.distill_temperature)
+            loss = loss + task.distill(m(ids, mask, gates=hard_mask(budget)), target, mask, cfg.distill_temperature)
         return loss, {}
 
     def loss_fn(m, ids, mask, labels, rng):
         budget = sample_budget(stage_cfg, rng)
         logits = m(ids, mask, gates=hard_mask(budget))
-        loss = F.cross_entropy(logits, labels)
+        loss = task.loss(logits, ids, mask, labels)
         if cfg.distill_weight > 0:
             with torch.no_grad():
                 teacher_logits = teacher(ids, mask, budget=budget)
-            loss = loss + cfg.distill_weight * _distill(logits, teacher_logits, cfg.distill_temperature)
+            loss = loss + cfg.distill_weight * task.distill(logits, teacher_logits, mask, cfg.distill_temperature)
         return loss, {"b": budget}
 
     frozen = [p for name, p in model.named_parameters() if is_gate_parameter(name) and p.requires_grad]
@@ -407,6 +400,7 @@ def train_masked(
     seed: int,
     desc: str = "recover",
     progress: bool = True,
+    task: Task = CLASSIFY,
 ) -> StageLog:
     """Fine-tune with a fixed hard mask of heads (tensor) or units (the recovery of the post-hoc baseline).
 
@@ -415,6 +409,6 @@ def train_masked(
     fixed = mask.map(lambda t: t.detach().clone()) if isinstance(mask, UnitGates) else mask.detach().clone()
 
     def loss_fn(m, ids, attn, labels, _rng):
-        return F.cross_entropy(m(ids, attn, gates=fixed), labels), {}
+        return task.loss(m(ids, attn, gates=fixed), ids, attn, labels), {}
 
     return run_steps(model, train, steps, loss_fn, cfg, seed=seed, lr=cfg.hard_lr, desc=desc, progress=progress)
