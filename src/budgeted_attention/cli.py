@@ -86,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run nothing: write results from the units already finished (a partial run, marked as such)",
     )
 
+    lm = sub.add_parser("lm", help="the experiment pipeline on a causal language model (task: lm), e.g. configs/lm_char.yaml")
+    lm.add_argument("config", help="language-model YAML (task: lm, model_family: decoder are the defaults here)")
+    lm.add_argument("--out", help="run directory (default: runs/<name>)")
+    lm.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
+    lm.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    lm.add_argument("--finished-only", action="store_true", help="run nothing: write results from the finished units")
+
     bench = sub.add_parser("bench", help="measure CPU latency of dense vs pruned models of a run")
     bench.add_argument("run_dir", help="run directory written by 'baa demo' or 'baa experiment' (or a budgeted-hard checkpoint .json)")
     bench.add_argument("--seed", type=int, default=None, help="which seed's checkpoint (default: the first found)")
@@ -119,6 +126,13 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     from budgeted_attention.recipes.experiment import run_experiment
 
     run_experiment(args.config, args.out, args.overrides, progress=not args.no_progress, finished_only=args.finished_only)
+    return 0
+
+
+def _cmd_lm(args: argparse.Namespace) -> int:
+    from budgeted_attention.recipes.experiment import run_experiment
+
+    run_experiment(args.config, args.out, args.overrides, progress=not args.no_progress, finished_only=args.finished_only, task="lm")
     return 0
 
 
@@ -192,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _one_line_warning
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"demo": _cmd_demo, "experiment": _cmd_experiment, "bench": _cmd_bench, "report": _cmd_report}
+    handlers = {"demo": _cmd_demo, "experiment": _cmd_experiment, "lm": _cmd_lm, "bench": _cmd_bench, "report": _cmd_report}
     try:
         return handlers[args.command](args)
     except OSError as exc:  # permission denied, --out below a regular file, disk full, ...

@@ -94,3 +94,12 @@ def test_dense_early_stopping_on_validation_restores_the_best_weights():
     assert evaluate_accuracy(model, splits.val) == best_score
     if log.steps_run < 400:  # stopped early: the last `patience` evaluations did not improve
         assert all(score <= best_score for _, score in log.val_history[-2:])
+
+
+def test_loss_curve_averages_equal_windows_of_steps():
+    from budgeted_attention.training.stages import StageLog
+
+    log = StageLog(losses=[float(i) for i in range(10)])
+    assert log.loss_curve(points=5) == [(2, 0.5), (4, 2.5), (6, 4.5), (8, 6.5), (10, 8.5)]
+    assert log.loss_curve(points=3) == [(4, 1.5), (8, 5.5), (10, 8.5)]
+    assert StageLog().loss_curve() == []

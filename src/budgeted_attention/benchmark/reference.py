@@ -118,6 +118,8 @@ class _PlainBlock(nn.Module):
 def _check_unpruned(source: nn.Module, name: str) -> None:
     """The reference is the full dense model: refuse a pruned or prefix-serving source."""
     cfg = source.config
+    if getattr(cfg, "attention", "softmax") != "softmax":
+        raise ValueError(f"{name} mirrors softmax attention; a model with attention {cfg.attention!r} is timed against itself (routing soft vs hard)")
     if cfg.is_pruned:
         raise ValueError(f"{name} mirrors the unpruned model only; got heads_per_layer={cfg.heads_per_layer}")
     active = [block.attn.active_heads for block in source.blocks]
@@ -146,7 +148,8 @@ class PlainEncoder(nn.Module):
         self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.position_embedding = nn.Embedding(cfg.max_len, cfg.d_model)
         self.blocks = nn.ModuleList(
-            _PlainBlock(cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff) for _ in range(cfg.n_layers)
+            _PlainBlock(cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff, qk_norm=cfg.qk_norm, residual_gate=cfg.residual_gate)
+            for _ in range(cfg.n_layers)
         )
         self.ln_final = nn.LayerNorm(cfg.d_model)
         self.classifier = nn.Linear(cfg.d_model, cfg.n_classes)

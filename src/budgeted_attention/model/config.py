@@ -7,8 +7,54 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from budgeted_attention.config import check_float, check_int
+from budgeted_attention.config import check_bool, check_float, check_int
 from budgeted_attention.errors import ConfigError
+
+
+EXPERTS = ("full", "linear", "window")
+CONTROLLERS = ("bayesian", "prior-free", "softmax")
+
+
+@dataclass
+class MetaConfig:
+    """Meta-Attention's routing (``model.attention: meta``; see :mod:`budgeted_attention.model.meta_attention`).
+
+    Attributes:
+        controller: ``bayesian`` (Dirichlet posterior + compute-aware prior + KL), ``prior-free``
+            (the same without the KL term) or ``softmax`` (deterministic router).
+        window: keys of a window-attention token (itself and the ``window - 1`` before it).
+        kl_weight: w, the weight of the mean KL(posterior || prior) in the loss (``bayesian`` only).
+        hidden: hidden units of the controller MLP.
+        costs: relative cost c_i of the experts (full, linear, window), for the prior and the
+            projected cost.
+        prior_eps, prior_scale: prior concentration beta_i = eps + scale * (1 - c_i).
+    """
+
+    controller: str = "bayesian"
+    window: int = 16
+    kl_weight: float = 0.1
+    hidden: int = 64
+    costs: list[float] = field(default_factory=lambda: [1.0, 0.15, 0.30])
+    prior_eps: float = 0.01
+    prior_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.controller not in CONTROLLERS:
+            raise ConfigError(f"model.meta.controller must be one of {', '.join(CONTROLLERS)}, got {self.controller!r}")
+        check_int(self.window, "model.meta.window", ge=1)
+        check_int(self.hidden, "model.meta.hidden", ge=1)
+        self.kl_weight = check_float(self.kl_weight, "model.meta.kl_weight", ge=0.0)
+        self.prior_eps = check_float(self.prior_eps, "model.meta.prior_eps", gt=0.0)
+        self.prior_scale = check_float(self.prior_scale, "model.meta.prior_scale", ge=0.0)
+        if not isinstance(self.costs, (list, tuple)) or len(self.costs) != len(EXPERTS):
+            raise ConfigError(f"model.meta.costs must list {len(EXPERTS)} costs ({', '.join(EXPERTS)}), got {self.costs!r}")
+        self.costs = [check_float(c, "model.meta.costs", ge=0.0, le=1.0) for c in self.costs]
+        if self.controller == "prior-free":
+            self.kl_weight = 0.0
+
+    def prior_concentration(self) -> list[float]:
+        """beta_i = eps + scale * (1 - c_i): cheap experts get more prior mass ([0.01, 0.86, 0.71] by default)."""
+        return [self.prior_eps + self.prior_scale * (1.0 - c) for c in self.costs]
 
 
 @dataclass
@@ -35,6 +81,12 @@ class ModelConfig:
             feed-forward blocks out of the budget (the paper). Must divide ``d_ff``.
         ffn_group_ids: per layer, the original group index of each physical FFN group (storage
             order); empty means every group in its original order.
+        qk_norm: RMS-normalise every head's queries and keys (gains shared by the heads), as
+            Simple Attention Networks do to keep deep attention-only stacks trainable.
+        residual_gate: a learned scalar gain on every residual branch.
+        attention: ``softmax`` (every token attends with softmax attention) or ``meta``
+            (Meta-Attention: per-token routing among full, linear and window attention; decoder only).
+        meta: the routing settings of ``attention: meta``.
     """
 
     vocab_size: int = 64
@@ -52,8 +104,18 @@ class ModelConfig:
     head_ids: list[list[int]] = field(default_factory=list)
     ffn_group_size: int = 0
     ffn_group_ids: list[list[int]] = field(default_factory=list)
+    qk_norm: bool = False
+    residual_gate: bool = False
+    attention: str = "softmax"
+    meta: MetaConfig = field(default_factory=MetaConfig)
 
     def __post_init__(self) -> None:
+        if self.attention not in ("softmax", "meta"):
+            raise ConfigError(f"model.attention must be 'softmax' or 'meta', got {self.attention!r}")
+        if isinstance(self.meta, dict):  # from dataclasses.replace / JSON round trips
+            self.meta = MetaConfig(**self.meta)
+        self.qk_norm = check_bool(self.qk_norm, "model.qk_norm")
+        self.residual_gate = check_bool(self.residual_gate, "model.residual_gate")
         for name in ("vocab_size", "n_classes", "max_len", "d_model", "n_layers", "n_heads"):
             check_int(getattr(self, name), f"model.{name}", ge=1)
         check_int(self.head_dim, "model.head_dim", ge=0)

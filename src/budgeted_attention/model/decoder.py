@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgeted_attention.config import check_bool
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.gates import UnitGates
@@ -27,21 +26,8 @@ from budgeted_attention.model.transformer import BlockStack, sinusoidal_position
 
 @dataclass
 class DecoderConfig(ModelConfig):
-    """Shape of a :class:`CausalLM` (the fields of :class:`ModelConfig`; ``n_classes`` and
-    ``pooling`` are unused).
-
-    Attributes:
-        qk_norm: RMS-normalise queries and keys per head (gains shared by the heads).
-        residual_gate: a learned scalar gate on every residual branch.
-    """
-
-    qk_norm: bool = False
-    residual_gate: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.qk_norm = check_bool(self.qk_norm, "model.qk_norm")
-        self.residual_gate = check_bool(self.residual_gate, "model.residual_gate")
+    """Shape of a :class:`CausalLM`: the fields of :class:`ModelConfig` (``n_classes`` and
+    ``pooling`` are unused; ``qk_norm`` and ``residual_gate`` are the SAN options)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +88,29 @@ class CausalLM(BlockStack):
         from budgeted_attention.benchmark.reference import PlainDecoder  # noqa: PLC0415
 
         return PlainDecoder(self)
+
+    # ------------------------------------------------------------------ Meta-Attention
+
+    def meta_layers(self) -> list[nn.Module]:
+        """The Meta-Attention modules (``model.attention: meta``), one per block; else empty."""
+        return [block.attn for block in self.blocks] if self.config.attention == "meta" else []
+
+    def set_routing(self, mode: str) -> None:
+        """``soft`` (mix every expert) or ``hard`` (each token computes its argmax expert only, in eval mode)."""
+        if mode not in ("soft", "hard"):
+            raise ValueError(f"routing must be 'soft' or 'hard', got {mode!r}")
+        layers = self.meta_layers()
+        if not layers:
+            raise ValueError("this model has no Meta-Attention layers (model.attention is 'softmax')")
+        for layer in layers:
+            layer.routing = mode
+
+    def auxiliary_loss(self) -> torch.Tensor | None:
+        """kl_weight x the mean over layers (and training forward passes) of the routing KL."""
+        terms = [kl for kl in (layer.take_kl() for layer in self.meta_layers()) if kl is not None]
+        if not terms:
+            return None
+        return self.config.meta.kl_weight * torch.stack(terms).mean()
 
 
 def lm_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -380,6 +380,12 @@ class GatedModel(nn.Module):
         """Other timing references, e.g. the unmodified transformers model (name -> callable module)."""
         return {}
 
+    def auxiliary_loss(self) -> torch.Tensor | None:
+        """Loss terms the model's own modules produced in training forward passes since the last
+        call (e.g. Meta-Attention's weighted KL), then cleared; None when there are none.
+        The training stages add it to every step's loss."""
+        return None
+
     def describe(self) -> dict[str, Any]:  # pragma: no cover - abstract
         """JSON-serialisable architecture (including ``head_ids``) that :meth:`from_description` rebuilds."""
         raise NotImplementedError

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.attention import GatedSelfAttention
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.cost import CostModel
@@ -96,7 +97,12 @@ class EncoderBlock(nn.Module):
     ) -> None:
         super().__init__()
         self.ln_attn = nn.LayerNorm(cfg.d_model)
-        self.attn = GatedSelfAttention(cfg.d_model, n_heads, cfg.head_dim, cfg.dropout, causal=causal, qk_norm=qk_norm)
+        if cfg.attention == "meta":
+            from budgeted_attention.model.meta_attention import MetaSelfAttention  # noqa: PLC0415
+
+            self.attn = MetaSelfAttention(cfg.d_model, n_heads, cfg.head_dim, cfg.dropout, cfg.meta, cfg.max_len, qk_norm=qk_norm)
+        else:
+            self.attn = GatedSelfAttention(cfg.d_model, n_heads, cfg.head_dim, cfg.dropout, causal=causal, qk_norm=qk_norm)
         self.dropout = nn.Dropout(cfg.dropout)
         self.has_ffn = cfg.d_ff > 0
         if self.has_ffn:
@@ -248,7 +254,9 @@ class EncoderClassifier(BlockStack):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self._build(config)
+        if config.attention != "softmax":
+            raise ConfigError(f"model.attention {config.attention!r} is causal routing for the decoder family; the encoder uses 'softmax'")
+        self._build(config, qk_norm=config.qk_norm, residual_gate=config.residual_gate)
         self.classifier = nn.Linear(config.d_model, config.n_classes)
         nn.init.normal_(self.token_embedding.weight, std=0.35)
         with torch.no_grad():

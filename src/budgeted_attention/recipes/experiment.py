@@ -70,11 +70,12 @@ from budgeted_attention.config import (
     validate_seeds,
 )
 from budgeted_attention.data.dataset import TensorSplits
+from budgeted_attention.data.lm import LMDataConfig, make_lm_splits
 from budgeted_attention.data.synthetic import SyntheticConfig, make_synthetic_splits
 from budgeted_attention.data.text import TextDataConfig, make_text_splits
 from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
-from budgeted_attention.model.config import ModelConfig
+from budgeted_attention.model.config import MetaConfig, ModelConfig
 from budgeted_attention.model.cost import estimated_cost
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.gates import UnitGates
@@ -82,12 +83,18 @@ from budgeted_attention.pruning.importance import leave_one_out_importance, sort
 from budgeted_attention.pruning.selection import KeptUnits, Ranking, rank_units, ranking_from_dict
 from budgeted_attention.recipes.families import PretrainedConfig, make_builder
 from budgeted_attention.recipes.rundir import init_run_dir
-from budgeted_attention.reporting.plots import plot_accuracy_vs_budget, plot_accuracy_vs_cost, plot_accuracy_vs_speedup, plot_speedups
+from budgeted_attention.reporting.plots import (
+    plot_accuracy_vs_budget,
+    plot_accuracy_vs_cost,
+    plot_accuracy_vs_speedup,
+    plot_speedups,
+    plot_training_curves,
+)
 from budgeted_attention.reporting.results import write_results
 from budgeted_attention.reporting.rows import ResultRow
 from budgeted_attention.reporting.summary import headline, headline_markdown
+from budgeted_attention.tasks import CLASSIFY, TASKS, Task
 from budgeted_attention.training.config import TrainConfig
-from budgeted_attention.training.evaluate import evaluate_accuracy
 from budgeted_attention.training.stages import seed_everything, train_budgeted, train_dense, train_hard, train_masked
 
 # Benchmark unit name -> the method whose rows get its measured speed.
@@ -106,6 +113,7 @@ class ExperimentConfig:
     """One experiment: data, model, training, methods, budgets, seeds, benchmark."""
 
     name: str = "experiment"
+    task: str = "classify"
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     methods: list[str] = field(default_factory=lambda: ["dense", "dense-long", "budgeted", "budgeted-hard", "static", "static-soft", "posthoc", "posthoc-recovered", "posthoc-recovered-1ep"])
     budgets: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
@@ -119,6 +127,7 @@ class ExperimentConfig:
     model_family: str = "encoder"
     pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
     data: TextDataConfig = field(default_factory=TextDataConfig)
+    lm_data: LMDataConfig = field(default_factory=LMDataConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     model: ModelConfig = field(default_factory=lambda: ModelConfig(d_model=128, n_layers=4, n_heads=4, d_ff=512, max_len=64, pooling="mean", dropout=0.1))
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -126,6 +135,8 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         self.name = validate_run_name(self.name)
+        if self.task not in TASKS:
+            raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         self.seeds = validate_seeds(self.seeds)
         unknown = [m for m in self.methods if m not in ALL_METHODS]
         if unknown:
@@ -143,10 +154,12 @@ class ExperimentConfig:
         self._check_ladder()
         if self.model.ffn_group_size or self.model.ffn_group_ids:
             raise ConfigError("model.ffn_group_size/ffn_group_ids are set by the pipeline: use budget_scope: all and ffn_group_size")
-        if self.budget_scope == "all" and self.model_family == "encoder" and (self.model.d_ff == 0 or self.model.d_ff % self.ffn_group_size):
+        if self.budget_scope == "all" and self.model_family in ("encoder", "decoder") and (self.model.d_ff == 0 or self.model.d_ff % self.ffn_group_size):
             raise ConfigError(f"ffn_group_size ({self.ffn_group_size}) must divide model.d_ff ({self.model.d_ff}), which must be > 0")
-        if self.model_family not in ("encoder", "bert"):
-            raise ConfigError(f"model_family must be 'encoder' or 'bert', got {self.model_family!r}")
+        if self.model_family not in ("encoder", "bert", "decoder"):
+            raise ConfigError(f"model_family must be 'encoder', 'bert' or 'decoder', got {self.model_family!r}")
+        if (self.task == "lm") != (self.model_family == "decoder"):
+            raise ConfigError(f"task 'lm' needs model_family 'decoder' and the decoder needs task 'lm'; got task {self.task!r} with model_family {self.model_family!r}")
         self.budgets = check_budgets(self.budgets, "budgets")
         self.static_budgets = check_budgets(self.static_budgets, "static_budgets", allow_empty=True)
         if {"static", "static-soft"} & set(self.methods) and not self.static_budgets:
@@ -155,8 +168,8 @@ class ExperimentConfig:
     def _check_ladder(self) -> None:
         if "ladder" not in self.methods:
             return
-        if self.model_family != "encoder" or not self.ladder:
-            raise ConfigError("method 'ladder' needs model_family 'encoder' and a non-empty 'ladder' list of model shapes")
+        if self.model_family not in ("encoder", "decoder") or not self.ladder:
+            raise ConfigError("method 'ladder' needs model_family 'encoder' or 'decoder' and a non-empty 'ladder' list of model shapes")
         for index, shape in enumerate(self.ladder):
             unknown = sorted(set(shape) - set(LADDER_KEYS))
             if unknown:
@@ -165,6 +178,11 @@ class ExperimentConfig:
                 self.model.unpruned(**{"head_dim": 0, **shape}, ffn_group_size=0)
             except ConfigError as exc:
                 raise ConfigError(f"ladder[{index}]: {exc}") from None
+
+    @property
+    def task_spec(self) -> Task:
+        """The objective and metrics of :attr:`task`."""
+        return TASKS[self.task]
 
     @property
     def group_size(self) -> int:
@@ -183,6 +201,8 @@ _LATER_KEYS = {
     ("budget_scope",): "heads", ("ffn_group_size",): 64, ("reference_seq_len",): 0, ("ladder",): [],
     ("train", "budget_sampling"): "single", ("train", "sandwich_random"): 2,
     ("model", "ffn_group_size"): 0, ("model", "ffn_group_ids"): [],
+    ("task",): "classify", ("lm_data",): to_dict(LMDataConfig()), ("model", "qk_norm"): False, ("model", "residual_gate"): False,
+    ("model", "attention"): "softmax", ("model", "meta"): to_dict(MetaConfig()),
 }
 
 
@@ -208,24 +228,50 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -
     return from_dict(ExperimentConfig, merged, "experiment")
 
 
-def load_experiment_config(path: str, overrides: list[str] | None = None) -> ExperimentConfig:
-    """Defaults, then the YAML file, then ``key=value`` overrides."""
-    return config_from_dict(load_yaml(path), overrides)
+def load_experiment_config(path: str, overrides: list[str] | None = None, task: str | None = None) -> ExperimentConfig:
+    """Defaults, then the YAML file, then ``key=value`` overrides.
+
+    ``task="lm"`` (``baa lm``): ``task: lm`` and ``model_family: decoder`` become the defaults, and
+    a file that asks for another task is refused.
+    """
+    data = load_yaml(path)
+    if task == "lm":
+        if data.get("task", "lm") != "lm":
+            raise ConfigError(f"'{path}' sets task {data['task']!r}; 'baa lm' runs language models (task: lm), use 'baa experiment' for it")
+        data = {"task": "lm", "model_family": "decoder", **data}
+    return config_from_dict(data, overrides)
 
 
 def make_splits(cfg: ExperimentConfig, out: Path, pretrained_tokenizer=None) -> TensorSplits:
+    if cfg.task == "lm":
+        return make_lm_splits(cfg.lm_data, tokenizer_path=out / "tokenizer.json")
     if cfg.data.source == "synthetic":
         return make_synthetic_splits(cfg.synthetic, cfg.data.split_seed)
     splits, _ = make_text_splits(cfg.data, tokenizer_path=out / "tokenizer.json", pretrained_tokenizer=pretrained_tokenizer)
     return splits
 
 
-def evaluate_model(model: GatedModel, splits: TensorSplits, batch: int, **gating: Any) -> tuple[float, float]:
-    """(validation accuracy, test accuracy) of a finished model; the only place the test split is read."""
-    val = evaluate_accuracy(model, splits.val, batch, **gating)
+def evaluate_model(model: GatedModel, splits: TensorSplits, batch: int, task: Task = CLASSIFY, **gating: Any) -> dict[str, float]:
+    """Result-row metrics of a finished model; the only place the test split is read.
+
+    Classification: ``accuracy`` (test) and ``val_accuracy``; language model: ``loss`` and
+    ``perplexity`` (test) and ``val_loss`` (nats per token), and for an ungated Meta-Attention
+    model its test-split ``routing`` statistics.
+    """
+    val = task.evaluate(model, splits.val, batch, **gating)
+    routing = None
     with splits.final_evaluation() as test:
-        accuracy = evaluate_accuracy(model, test, batch, **gating)
-    return val, accuracy
+        metrics = task.evaluate(model, test, batch, **gating)
+        if not gating and getattr(model, "meta_layers", lambda: [])():
+            from budgeted_attention.training.routing import routing_statistics  # noqa: PLC0415
+
+            routing = routing_statistics(model, test, batch)
+    if task.kind == "classify":
+        return {"accuracy": metrics["accuracy"], "val_accuracy": val["accuracy"]}
+    return {
+        "accuracy": None, "val_accuracy": None, "loss": metrics["loss"], "perplexity": metrics["perplexity"], "val_loss": val["loss"],
+        **({"routing": routing} if routing is not None else {}),
+    }
 
 
 class Experiment:
@@ -241,6 +287,7 @@ class Experiment:
         self.splits = make_splits(cfg, self.out, self.builder.pretrained_tokenizer())
         self.builder.prepare(self.splits, self.cfg.bench.seq_lens)
         self.eval_batch = cfg.train.eval_batch_size
+        self.task = cfg.task_spec
         self._stamp_config()
         init_run_dir(self.out, to_dict(cfg), cfg.seeds)
         write_json_atomic(self.out / "lengths.json", {"split": "train", "lengths": self.splits.train.lengths()})
@@ -312,9 +359,12 @@ class Experiment:
 
     # ---------------------------------------------------------------- rows
 
+    def _metrics(self, model: GatedModel, **gating: Any) -> dict[str, float]:
+        """Validation and test metrics of a finished model under ``gating`` (row fields)."""
+        return evaluate_model(model, self.splits, self.eval_batch, self.task, **gating)
+
     def _dense_row(self, method: str, model: GatedModel, seed: int, steps: int) -> ResultRow:
-        val, acc = evaluate_model(model, self.splits, self.eval_batch)
-        return ResultRow(method=method, budget=1.0, seed=seed, accuracy=acc, val_accuracy=val, cost=1.0, cost_kind="dense",
+        return ResultRow(method=method, budget=1.0, seed=seed, **self._metrics(model), cost=1.0, cost_kind="dense",
                          steps=steps, heads_kept=model.n_layers * model.n_heads, heads_per_layer=model.heads_per_layer)
 
     def _soft_rows(self, method: str, model: GatedModel, seed: int, steps: int, budgets: list[float]) -> list[ResultRow]:
@@ -323,9 +373,8 @@ class Experiment:
         with torch.no_grad():
             for b in budgets:
                 gates = model.unit_gates(b)
-                val, acc = evaluate_model(model, self.splits, self.eval_batch, budget=b)
                 rows.append(ResultRow(
-                    method=method, budget=b, seed=seed, accuracy=acc, val_accuracy=val,
+                    method=method, budget=b, seed=seed, **self._metrics(model, budget=b),
                     cost=float(estimated_cost(gates, costs)), cost_kind="soft-estimate", steps=steps,
                     layer_gates=[round(float(g), 4) for g in gates.heads.mean(dim=1)],
                     gates=[[round(float(v), 4) for v in layer] for layer in gates.heads],
@@ -341,11 +390,10 @@ class Experiment:
         rows = []
         for b, kept in kept_by_budget.items():
             masks = kept.masks(model.n_heads, model.n_groups)
-            val, acc = evaluate_model(model, self.splits, self.eval_batch, gates=masks)
             heads = kept.heads_per_layer
             widths = None if kept.groups is None else [len(g) * model.group_size for g in kept.groups]
             rows.append(ResultRow(
-                method=method, budget=b, seed=seed, accuracy=acc, val_accuracy=val,
+                method=method, budget=b, seed=seed, **self._metrics(model, gates=masks),
                 cost=float(estimated_cost(masks, costs)), cost_kind="kept-heads", steps=steps,
                 heads_kept=sum(heads), heads_per_layer=heads, ideal_speedup=cost.ideal_speedup(heads, widths),
                 scope=self.cfg.budget_scope, ffn_per_layer=widths,
@@ -360,18 +408,21 @@ class Experiment:
 
     def _dense(self, seed: int) -> dict[str, Any]:
         model = self.builder.create()
-        log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, val=self.splits.val)
+        log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, val=self.splits.val, task=self.task)
         if model.has_ffn_units:
             # DynaBERT-style reordering on the TRAINING split: groups of consecutive neurons then
             # hold neurons of similar importance, and the first groups the most important ones.
-            sort_ffn_by_importance(model, self.splits.train, batch_size=self.cfg.train.batch_size)
+            sort_ffn_by_importance(model, self.splits.train, batch_size=self.cfg.train.batch_size, task=self.task)
         save_model(model, self._ckpt(seed, "dense"), method="dense", seed=seed, steps=log.steps)
-        return {"rows": [self._dense_row("dense", model, seed, log.steps)], "steps_run": log.steps_run, "val_history": log.val_history}
+        return {
+            "rows": [self._dense_row("dense", model, seed, log.steps)], "steps_run": log.steps_run, "val_history": log.val_history,
+            "loss_curve": log.loss_curve(),
+        }
 
     def _dense_long(self, seed: int) -> dict[str, Any]:
         model, description = self._load(seed, "dense")
         extra = self.cfg.path_steps
-        log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, steps=extra, desc="dense-long")
+        log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, steps=extra, desc="dense-long", task=self.task)
         return {"rows": [self._dense_row("dense-long", model, seed, int(description["steps"]) + log.steps)]}
 
     def _train_cfg(self, variant: str) -> TrainConfig:
@@ -386,7 +437,7 @@ class Experiment:
         name = f"budgeted{variant}"
         train_cfg = self._train_cfg(variant)
         teacher = None if train_cfg.budget_sampling == "sandwich" else dense  # the sandwich distils in place
-        log = train_budgeted(model, self.splits.train, train_cfg, self._unit_costs(model), seed=seed, teacher=teacher, desc=name, progress=self.progress)
+        log = train_budgeted(model, self.splits.train, train_cfg, self._unit_costs(model), seed=seed, teacher=teacher, desc=name, progress=self.progress, task=self.task)
         steps = int(description["steps"]) + log.steps
         save_model(model, self._ckpt(seed, name), method=name, seed=seed, steps=steps)
         return {"rows": self._soft_rows(name, model, seed, steps, self.cfg.budgets)}
@@ -398,7 +449,7 @@ class Experiment:
         steps = self.cfg.train.scratch_steps or self._steps_of(seed, "dense") + self.cfg.train.budgeted_steps
         # The paper's ablation: one budget per step, whatever train.budget_sampling says.
         scratch_cfg = dataclasses.replace(self.cfg.train, budget_sampling="single")
-        log = train_budgeted(model, self.splits.train, scratch_cfg, self._unit_costs(model), seed=seed, steps=steps, desc="scratch", progress=self.progress)
+        log = train_budgeted(model, self.splits.train, scratch_cfg, self._unit_costs(model), seed=seed, steps=steps, desc="scratch", progress=self.progress, task=self.task)
         return {"rows": self._soft_rows("budgeted-scratch", model, seed, log.steps, self.cfg.budgets)}
 
     def _hard(self, seed: int, variant: str = "") -> dict[str, Any]:
@@ -407,20 +458,22 @@ class Experiment:
         ranking = self._rank(model, model.unit_importance())
         kept = self._ranking_kept(ranking, self.cfg.budgets)
         before = {r.budget: r for r in self._hard_rows("before", model, seed, 0, kept)}
-        log = train_hard(model, self.splits.train, self._train_cfg(variant), ranking, seed=seed, desc=name, progress=self.progress)
+        log = train_hard(model, self.splits.train, self._train_cfg(variant), ranking, seed=seed, desc=name, progress=self.progress, task=self.task)
         steps = int(description["steps"]) + log.steps
         save_model(model, self._ckpt(seed, name), method=name, seed=seed, steps=steps, ranking=ranking.to_dict())
         rows = self._hard_rows(name, model, seed, steps, kept)
         for row in rows:
             row.accuracy_before_adaptation = before[row.budget].accuracy
             row.val_accuracy_before_adaptation = before[row.budget].val_accuracy
+            row.loss_before_adaptation = before[row.budget].loss
         return {"rows": rows}
 
     def _bench_cfg(self, budgets: list[float]) -> BenchConfig:
         return dataclasses.replace(self.cfg.bench, budgets=budgets, seq_lens=[self._bench_seq()], batch_sizes=self.cfg.bench.batch_sizes)
 
     def _bench_kwargs(self) -> dict[str, Any]:
-        lengths = self.splits.train.lengths() if self.cfg.bench.lengths else None
+        # Language-model blocks are all full length: their "real lengths" input is the random one.
+        lengths = self.splits.train.lengths() if self.cfg.bench.lengths and self.cfg.task != "lm" else None
         return {"lengths": lengths, "pad_id": self.splits.pad_id, "low_id": self.builder.bench_low_id(), "progress": self.progress}
 
     def _bench(self, seed: int, variant: str = "") -> dict[str, Any]:
@@ -436,11 +489,11 @@ class Experiment:
         model = copy.deepcopy(dense)
         # One budget only: the sandwich rule does not apply to a specialist.
         fixed = dataclasses.replace(self.cfg.train, budget_min=budget, budget_max=budget, full_budget_prob=0.0, budget_sampling="single")
-        log = train_budgeted(model, self.splits.train, fixed, self._unit_costs(model), seed=seed, teacher=dense, desc=f"static b={budget}", progress=self.progress)
+        log = train_budgeted(model, self.splits.train, fixed, self._unit_costs(model), seed=seed, teacher=dense, desc=f"static b={budget}", progress=self.progress, task=self.task)
         soft_steps = int(description["steps"]) + log.steps
         rows = self._soft_rows("static-soft", model, seed, soft_steps, [budget])
         ranking = self._rank(model, model.unit_gates(budget))
-        hard_log = train_hard(model, self.splits.train, fixed, ranking, seed=seed, budgets=(budget, budget), desc=f"static-hard b={budget}", progress=self.progress)
+        hard_log = train_hard(model, self.splits.train, fixed, ranking, seed=seed, budgets=(budget, budget), desc=f"static-hard b={budget}", progress=self.progress, task=self.task)
         kept = {budget: ranking.kept(budget)}
         hard_rows = self._hard_rows("static", model, seed, soft_steps + hard_log.steps, kept)
         bench = bench_models(model, kept, dataclasses.replace(self._bench_cfg([budget]), include_sliced=False), **self._bench_kwargs())
@@ -457,9 +510,9 @@ class Experiment:
         dense, _ = self._load(seed, "dense")
         # Importance on the validation split (never test), as in Michel et al. (2019).
         if self.cfg.posthoc_importance == "gradient":
-            scores = unit_gradient_importance(dense, self.splits.val)
+            scores = unit_gradient_importance(dense, self.splits.val, task=self.task)
         else:
-            scores = UnitGates(leave_one_out_importance(dense, self.splits.val, dense.n_layers, dense.n_heads), None)
+            scores = UnitGates(leave_one_out_importance(dense, self.splits.val, dense.n_layers, dense.n_heads, task=self.task), None)
         ranking = self._rank(dense, scores)
         saved = {"heads": scores.heads.tolist(), **({"ffn": scores.ffn.tolist()} if scores.ffn is not None else {})}
         write_json_atomic(path, {**ranking.to_dict(), "scores": saved, "importance": self.cfg.posthoc_importance})
@@ -477,25 +530,22 @@ class Experiment:
             steps = self.cfg.train.recovery_steps or self.cfg.path_steps
         else:
             steps = self.cfg.train.epoch_steps(len(self.splits.train))
-        log = train_masked(model, self.splits.train, self.cfg.train, ranking.masks(budget), steps=steps, seed=seed, desc=f"{method} b={budget}", progress=self.progress)
+        log = train_masked(model, self.splits.train, self.cfg.train, ranking.masks(budget), steps=steps, seed=seed, desc=f"{method} b={budget}", progress=self.progress, task=self.task)
         kept = {budget: ranking.kept(budget)}
         return {"rows": self._hard_rows(method, model, seed, int(description["steps"]) + log.steps, kept)}
 
     def _ladder(self, seed: int, index: int) -> dict[str, Any]:
-        """A smaller dense encoder trained from scratch for the budgeted-hard path's total steps, timed
-        against the full dense model's plain reference."""
-        from budgeted_attention.model.transformer import EncoderClassifier  # noqa: PLC0415
-
+        """A smaller dense model of the same family trained from scratch for the budgeted-hard path's
+        total steps, timed against the full dense model's plain reference."""
         big, _ = self._load(seed, "dense")
         config = big.config.unpruned(**{"head_dim": 0, **self.cfg.ladder[index]}, ffn_group_size=0)
-        model = EncoderClassifier(config)
+        model = type(big)(config)
         steps = self._steps_of(seed, "dense") + self.cfg.path_steps
-        log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, steps=steps, desc=f"ladder {index}")
-        val, acc = evaluate_model(model, self.splits, self.eval_batch)
+        log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, steps=steps, desc=f"ladder {index}", task=self.task)
         seq = self._bench_seq()
         fraction = model.cost_model(seq).total_flops() / big.cost_model(seq).total_flops()
         row = ResultRow(
-            method="ladder", budget=round(min(1.0, fraction), 3), seed=seed, accuracy=acc, val_accuracy=val,
+            method="ladder", budget=round(min(1.0, fraction), 3), seed=seed, **self._metrics(model),
             cost=fraction, cost_kind="smaller-dense", steps=log.steps, heads_kept=sum(config.heads_per_layer),
             heads_per_layer=config.heads_per_layer, ideal_speedup=1.0 / fraction, flops_fraction=fraction,
             ffn_per_layer=[config.d_ff] * config.n_layers, scope="all",  # its cost is whole-model FLOPs
@@ -560,11 +610,14 @@ class Experiment:
                 self.partial = f"PARTIAL RUN: {len(units)} of {len(units) + len(missing)} units finished; missing: {', '.join(missing)}."
         rows: list[dict[str, Any]] = []
         benches: dict[str, dict[int, dict[str, Any]]] = {}
+        self.curves: dict[str, list[list[float]]] = {}
         bar = tqdm(units, desc=self.cfg.name, disable=not self.progress)
         for index, (seed, name, work) in enumerate(bar):
             bar.set_postfix(unit=f"seed{seed}/{name}")
             record = self._unit(seed, name, index, work)
             rows += record.get("rows", [])
+            if name == "dense" and record.get("loss_curve"):
+                self.curves[f"dense, seed {seed}"] = record["loss_curve"]
             if name in BENCH_UNITS:
                 benches.setdefault(BENCH_UNITS[name], {})[seed] = record["bench"]
         for method, by_seed in benches.items():
@@ -585,18 +638,30 @@ class Experiment:
                     record.attach_speed(first[row["budget"]])
                     row.update(record.to_dict())
 
+    def _source(self) -> str:
+        if self.cfg.task == "lm":
+            return f"'{self.cfg.lm_data.source}' ({self.cfg.lm_data.tokenizer} tokens, blocks of {self.cfg.lm_data.seq_len})"
+        return f"'{self.cfg.data.source}'"
+
+    def _metric_note(self) -> str:
+        if self.cfg.task == "lm":
+            return "Loss: next-token cross-entropy in nats per token on the test documents (perplexity = exp(loss)), choices made on validation."
+        return "Accuracy: test split at choices made on validation."
+
     def _write_outputs(self, rows: list[dict[str, Any]], benches: dict[str, dict[int, dict[str, Any]]], seconds: float) -> dict[str, Any]:
         setting = self.cfg.bench
         notes = (
-            f"Experiment '{self.cfg.name}' on data source '{self.cfg.data.source}', {len(self.cfg.seeds)} seed(s), mean ± std. "
-            f"Accuracy: test split at choices made on validation. Cost kinds: soft-estimate (C(b) of soft gates, no speed), "
+            f"Experiment '{self.cfg.name}' on data source {self._source()}, {len(self.cfg.seeds)} seed(s), mean ± std. "
+            f"{self._metric_note()} Cost kinds: soft-estimate (C(b) of soft gates, no speed), "
             f"kept-heads (physically pruned; with budget_scope 'all' the kept heads and FFN groups). Budget scope: '{self.cfg.budget_scope}'. Speedups: pruned models over the plain dense reference (same kernels, no gate code), "
             f"batch {setting.batch_sizes[0]}, sequence {self._bench_seq()}, {setting.threads} thread(s); FLOP-ideal from the cost model.\n"
             f"Wall time of this invocation: {seconds:.0f} s.\n"
         )
         if getattr(self, "partial", None):
             notes = f"**{self.partial}**\n\n" + notes
-        summary = headline(rows)
+        # The headline picks operating points by validation accuracy: classification runs only
+        # (a language model's sweep is its table of losses).
+        summary = headline(rows) if self.cfg.task == "classify" else {"task": self.cfg.task, "per_seed": []}
         write_json_atomic(self.out / "summary.json", summary)
         if summary.get("per_seed"):
             notes += "\n## Headline figures (soft budgeted model, per seed; budgets chosen on validation)\n\n" + headline_markdown(summary)
@@ -604,6 +669,9 @@ class Experiment:
         plot_accuracy_vs_budget(rows, self.out / "accuracy_vs_budget.png", self.cfg.name)
         plot_accuracy_vs_cost(rows, self.out / "accuracy_vs_cost.png", self.cfg.name)
         plot_accuracy_vs_speedup(rows, self.out / "accuracy_vs_speedup.png", self.cfg.name)
+        if getattr(self, "curves", None):
+            ylabel = "training loss (nats/token)" if self.cfg.task == "lm" else "training loss"
+            plot_training_curves(self.curves, self.out / "training_curves.png", f"{self.cfg.name}: dense training", ylabel)
         for method, by_seed in benches.items():
             first = by_seed[min(by_seed)]
             stem = "bench" if method == "budgeted-hard" else f"bench-{method.removeprefix('budgeted-hard-')}"
@@ -617,8 +685,9 @@ class Experiment:
 
 
 def run_experiment(
-    config_path: str, out_dir: str | None, overrides: list[str] | None = None, progress: bool = True, finished_only: bool = False
+    config_path: str, out_dir: str | None, overrides: list[str] | None = None, progress: bool = True, finished_only: bool = False,
+    task: str | None = None,
 ) -> dict[str, Any]:
-    cfg = load_experiment_config(config_path, overrides)
+    cfg = load_experiment_config(config_path, overrides, task)
     out = out_dir or f"runs/{cfg.name}"
     return Experiment(cfg, out, progress=progress).run(finished_only=finished_only)

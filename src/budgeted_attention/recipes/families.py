@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from budgeted_attention.data.dataset import TensorSplits
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.config import ModelConfig
+from budgeted_attention.model.decoder import CausalLM, DecoderConfig
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.transformer import EncoderClassifier
 
-FAMILY_NAMES = ("encoder", "bert")
+FAMILY_NAMES = ("encoder", "bert", "decoder")
 
 
 @dataclass
@@ -54,6 +55,19 @@ class EncoderBuilder:
 
     def bench_low_id(self) -> int:
         return 0
+
+
+class DecoderBuilder(EncoderBuilder):
+    """The causal language model (:class:`CausalLM`) on the LM data's vocabulary."""
+
+    def prepare(self, splits: TensorSplits, bench_seq_lens: list[int]) -> None:
+        fields = {f.name: getattr(self.template.unpruned(), f.name) for f in dataclasses.fields(ModelConfig)}
+        fields.update(vocab_size=splits.vocab_size, pad_id=splits.pad_id, ffn_group_size=self.ffn_group_size)
+        self.config = DecoderConfig(**fields)
+        check_max_len(self.config.max_len, splits.seq_len, bench_seq_lens, "model.max_len")
+
+    def create(self) -> GatedModel:
+        return CausalLM(self.config)
 
 
 class PretrainedBuilder:
@@ -105,7 +119,7 @@ class PretrainedBuilder:
 def check_max_len(max_len: int, data_len: int, bench_seq_lens: list[int], what: str) -> None:
     """The data and every benchmark length must fit the model, checked before any training."""
     if data_len > max_len:
-        raise ConfigError(f"{what} ({max_len} tokens) is shorter than the data ({data_len} tokens); lower data.max_len")
+        raise ConfigError(f"{what} ({max_len} tokens) is shorter than the data ({data_len} tokens); lower the data's length")
     too_long = [seq for seq in bench_seq_lens if seq > max_len]
     if too_long:
         raise ConfigError(f"bench.seq_lens {too_long} exceed {what} ({max_len} tokens)")
@@ -113,10 +127,10 @@ def check_max_len(max_len: int, data_len: int, bench_seq_lens: list[int], what: 
 
 def make_builder(name: str, model_template: ModelConfig, pretrained: PretrainedConfig, ffn_group_size: int = 0):
     """The builder of family ``name``; ``ffn_group_size`` > 0 puts the FFN under the budget."""
-    if name == "encoder":
+    if name in ("encoder", "decoder"):
         if ffn_group_size and (model_template.d_ff == 0 or model_template.d_ff % ffn_group_size):
             raise ConfigError(f"ffn_group_size ({ffn_group_size}) must divide model.d_ff ({model_template.d_ff}), which must be > 0")
-        return EncoderBuilder(model_template, ffn_group_size)
+        return (EncoderBuilder if name == "encoder" else DecoderBuilder)(model_template, ffn_group_size)
     if name == "bert":
         return PretrainedBuilder(pretrained, ffn_group_size)
     raise ConfigError(f"model_family must be one of {', '.join(FAMILY_NAMES)}, got {name!r}")

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from budgeted_attention.io import atomic_path  # noqa: E402
-from budgeted_attention.reporting.results import aggregate  # noqa: E402
+from budgeted_attention.reporting.results import aggregate, metric_of  # noqa: E402
 
 
 _COLORS = {
@@ -36,6 +36,7 @@ def _save(fig: Any, path: str | Path) -> None:
 def plot_accuracy_vs_cost(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
     """Accuracy (mean ± std over seeds) against estimated cost, one line per method, plus C(b) vs b."""
     summary = aggregate(rows)
+    metric = metric_of(summary)
     fig, (ax_acc, ax_cost) = plt.subplots(1, 2, figsize=(11, 4.2))
     methods = sorted({e["method"] for e in summary}, key=lambda m: [e["method"] for e in summary].index(m))
     for method in methods:
@@ -43,13 +44,13 @@ def plot_accuracy_vs_cost(rows: list[dict[str, Any]], path: str | Path, title: s
         if not entries:
             continue
         xs = [e.get("cost_mean", e.get("estimated_cost_mean")) for e in entries]
-        ys = [100 * e["accuracy_mean"] for e in entries]
-        errs = [100 * e["accuracy_std"] for e in entries]
+        ys = [metric.scale * e[f"{metric.key}_mean"] for e in entries]
+        errs = [metric.scale * e[f"{metric.key}_std"] for e in entries]
         ax_acc.errorbar(xs, ys, yerr=errs, marker="s" if method == "dense" else "o", markersize=8 if method == "dense" else 5, capsize=3, label=method, color=_color(method), zorder=3 if method == "dense" else 2)
         if method.startswith("budgeted"):
             ax_cost.plot([e["budget"] for e in entries], xs, marker="o", label=method, color=_color(method))
     ax_acc.set_xlabel("attention cost (estimated C(b); hard: kept-head fraction)")
-    ax_acc.set_ylabel("test accuracy (%)")
+    ax_acc.set_ylabel(metric.label)
     ax_acc.set_title(title)
     ax_acc.grid(alpha=0.3)
     ax_acc.legend()
@@ -95,14 +96,15 @@ def _per_method(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 def plot_accuracy_vs_budget(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
     """Accuracy (mean ± std over seeds) against the requested budget, one line per method."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    metric = metric_of(rows)
     for method, entries in _per_method(rows).items():
         xs = [e["budget"] for e in entries]
-        ys = [100 * e["accuracy_mean"] for e in entries]
-        errs = [100 * e["accuracy_std"] for e in entries]
+        ys = [metric.scale * e[f"{metric.key}_mean"] for e in entries]
+        errs = [metric.scale * e[f"{metric.key}_std"] for e in entries]
         style = "s" if len(entries) == 1 else "o-"
         ax.errorbar(xs, ys, yerr=errs, fmt=style, capsize=3, label=method, color=_color(method))
     ax.set_xlabel("budget b")
-    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylabel(metric.label)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -114,19 +116,39 @@ def plot_accuracy_vs_speedup(rows: list[dict[str, Any]], path: str | Path, title
     plot of the operating points, dense models at 1x, one curve per method (e.g. budgeted-hard
     against the ladder of smaller dense models)."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    metric = metric_of(rows)
+    y = lambda e: metric.scale * e[f"{metric.key}_mean"]  # noqa: E731
     for method, entries in _per_method(rows).items():
         if method in ("dense", "dense-long"):
-            ax.plot([1.0] * len(entries), [100 * e["accuracy_mean"] for e in entries], "*", markersize=10, label=method, color=_color(method))
+            ax.plot([1.0] * len(entries), [y(e) for e in entries], "*", markersize=10, label=method, color=_color(method))
             continue
         # Sorted by speed, so a curve reads as a Pareto front (the ladder's costs and speeds differ in order).
         measured = sorted((e for e in entries if "speedup_mean" in e), key=lambda e: e["speedup_mean"])
         ideal = [e for e in entries if "speedup_mean" not in e and "ideal_speedup_mean" in e]
         if measured:
-            ax.plot([e["speedup_mean"] for e in measured], [100 * e["accuracy_mean"] for e in measured], "o-", label=f"{method} (measured)", color=_color(method))
+            ax.plot([e["speedup_mean"] for e in measured], [y(e) for e in measured], "o-", label=f"{method} (measured)", color=_color(method))
         if ideal:
-            ax.plot([e["ideal_speedup_mean"] for e in ideal], [100 * e["accuracy_mean"] for e in ideal], "x--", label=f"{method} (FLOP-ideal)", color=_color(method))
+            ax.plot([e["ideal_speedup_mean"] for e in ideal], [y(e) for e in ideal], "x--", label=f"{method} (FLOP-ideal)", color=_color(method))
     ax.set_xlabel("speedup over the dense model (single thread)")
-    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylabel(metric.label)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_training_curves(curves: dict[str, list[list[float]]], path: str | Path, title: str, ylabel: str = "training loss") -> None:
+    """Training loss against optimiser step, one line per label (e.g. per seed, or per run).
+
+    ``curves``: label -> [(step, mean loss over the window ending at step), ...] as stored by the
+    pipeline (``loss_curve`` of a unit record).
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for label, points in curves.items():
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=label)
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

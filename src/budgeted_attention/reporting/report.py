@@ -21,7 +21,7 @@ import yaml
 
 from budgeted_attention.errors import BAAError
 from budgeted_attention.io import atomic_path, write_text_atomic
-from budgeted_attention.reporting.results import aggregate, markdown_table
+from budgeted_attention.reporting.results import LOSS_METRIC, aggregate, markdown_table, metric_of, routing_table
 from budgeted_attention.reporting.summary import headline, headline_markdown
 
 
@@ -280,10 +280,18 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
     if run["results"].get("partial"):
         lines += ["", f"**{run['results']['partial']}**"]
     seeds = sorted({r.get('seed') for r in run["rows"] if r.get("seed") is not None}, key=str)
-    lines += ["", f"### {run['name']}: results", "", f"{len(run['rows'])} rows, seeds {', '.join(map(str, seeds)) or 'none'}; mean ± std over seeds. "
-              "Accuracies in %; `test acc.` on the held-out test split, `val. acc.` on the validation split.", ""]
+    lm = metric_of(run["rows"]) is LOSS_METRIC
+    units = (
+        "Losses in nats per token: `test loss` on the held-out test documents, `val. loss` on the validation documents; "
+        "`test ppl.` = exp(test loss)." if lm else
+        "Accuracies in %; `test acc.` on the held-out test split, `val. acc.` on the validation split."
+    )
+    lines += ["", f"### {run['name']}: results", "", f"{len(run['rows'])} rows, seeds {', '.join(map(str, seeds)) or 'none'}; mean ± std over seeds. " + units, ""]
     lines.append(markdown_table(aggregate(run["rows"])).rstrip("\n"))
-    if _has_soft_budgeted(run["rows"]):
+    routing = routing_table(run["rows"])
+    if routing:
+        lines += ["", f"### {run['name']}: routing (Meta-Attention, test split)", "", routing.rstrip("\n")]
+    if _has_soft_budgeted(run["rows"]) and not lm:
         lines += ["", f"### {run['name']}: headline (soft `budgeted` gates, operating points chosen on validation)", ""]
         lines.append(headline_markdown(headline(run["rows"])).rstrip("\n"))
     for bench_path, bench in run["benches"]:

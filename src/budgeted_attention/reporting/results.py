@@ -21,6 +21,7 @@ import io
 import math
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,29 @@ METHOD_ORDER = [
 _MEAN_FIELDS = [
     "accuracy", "val_accuracy", "cost", "estimated_cost", "steps", "accuracy_before_adaptation", "heads_kept",
     "latency_ms", "speedup", "ideal_speedup", "transformers_speedup", "plain_speedup",
+    "loss", "val_loss", "perplexity", "loss_before_adaptation",
 ]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How a run's primary metric is shown: row key, axis/column label, display scale, digits."""
+
+    key: str
+    label: str
+    short: str
+    scale: float
+    digits: int
+
+
+ACCURACY_METRIC = MetricSpec("accuracy", "test accuracy (%)", "acc. %", 100.0, 2)
+LOSS_METRIC = MetricSpec("loss", "test loss (nats/token)", "loss (nats)", 1.0, 3)
+
+
+def metric_of(entries: list[dict[str, Any]]) -> MetricSpec:
+    """Loss (language models) when the rows or aggregates carry a loss and no accuracy, else accuracy."""
+    has = lambda key: any(_is_number(e.get(key)) or f"{key}_mean" in e for e in entries)  # noqa: E731
+    return LOSS_METRIC if has("loss") and not has("accuracy") else ACCURACY_METRIC
 COST_KINDS = ("soft-estimate", "kept-heads", "smaller-dense", "dense")
 SOFT_MARK = "~"
 COST_LEGEND = (
@@ -110,10 +133,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and not _is_nan(value)
 
 
-def _fmt_pct(entry: dict[str, Any], field: str) -> str:
+def _fmt_pct(entry: dict[str, Any], field: str, scale: float = 100.0, digits: int = 2) -> str:
     if f"{field}_mean" not in entry:
         return ""
-    return f"{100 * entry[f'{field}_mean']:.2f} ± {100 * entry[f'{field}_std']:.2f}"
+    return f"{scale * entry[f'{field}_mean']:.{digits}f} ± {scale * entry[f'{field}_std']:.{digits}f}"
 
 
 def _fmt(entry: dict[str, Any], field: str, digits: int = 3, suffix: str = "") -> str:
@@ -143,23 +166,62 @@ def markdown_table(summary: list[dict[str, Any]]) -> str:
     legend line follows the table when some cost is a soft estimate.
     """
     extra = [(f, label) for f, label in (("transformers_speedup", "vs transformers"), ("plain_speedup", "vs plain")) if any(f"{f}_mean" in e for e in summary)]
+    metric = metric_of(summary)
+    key, short = metric.key, metric.short
+    lm = metric is LOSS_METRIC
     header = (
-        "| method | budget | seeds | steps | val. acc. % | test acc. % | cost | heads kept | "
-        "acc. before adapt. % | speedup | FLOP-ideal |" + "".join(f" {label} |" for _, label in extra) + "\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(extra) + "\n"
+        f"| method | budget | seeds | steps | val. {short} | test {short} |" + (" test ppl. |" if lm else "")
+        + f" cost | heads kept | {short} before adapt. | speedup | FLOP-ideal |" + "".join(f" {label} |" for _, label in extra) + "\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if lm else "") + "---:|" * len(extra) + "\n"
     )
     lines = []
     for e in summary:
+        value = lambda field: _fmt_pct(e, field, metric.scale, metric.digits)  # noqa: E731
         lines.append(
-            f"| {e['method']} | {e['budget']:.2f} | {e['seeds']} | {_fmt_steps(e)} | {_fmt_pct(e, 'val_accuracy')} | "
-            f"{_fmt_pct(e, 'accuracy')} | {_fmt_cost(e)} | {_fmt(e, 'heads_kept', 1)} | "
-            f"{_fmt_pct(e, 'accuracy_before_adaptation')} | {_fmt(e, 'speedup', 2, 'x')} | "
+            f"| {e['method']} | {e['budget']:.2f} | {e['seeds']} | {_fmt_steps(e)} | {value(f'val_{key}')} | "
+            f"{value(key)} |" + (f" {_fmt(e, 'perplexity', 2)} |" if lm else "") + f" {_fmt_cost(e)} | {_fmt(e, 'heads_kept', 1)} | "
+            f"{value(f'{key}_before_adaptation')} | {_fmt(e, 'speedup', 2, 'x')} | "
             f"{_fmt(e, 'ideal_speedup', 2, 'x')} |" + "".join(f" {_fmt(e, f, 2, 'x')} |" for f, _ in extra)
         )
     table = header + "\n".join(lines) + "\n"
     if any(e.get("cost_kind") in ("soft-estimate", "mixed") for e in summary):
         table += "\n" + COST_LEGEND + "\n"
     return table
+
+
+_ROUTING_FIELDS = [
+    ("projected_cost", "projected cost %", 100.0), ("hard_projected_cost", "hard cost %", 100.0),
+    ("attention_flops_fraction", "measured attn. FLOPs %", 100.0), ("entropy_pct", "entropy %", 1.0),
+    ("prior_agreement", "= prior's choice %", 100.0), ("mi_token_fraction", "MI(token; expert) / H(expert) %", 100.0),
+]
+
+
+def routing_table(rows: list[dict[str, Any]]) -> str:
+    """Meta-Attention rows (with ``routing``): one line per method, mean ± std over seeds; empty if none.
+
+    Soft loss: the row's test loss (routing weights mixed); hard loss: each token computes only
+    its argmax expert; measured FLOPs: attention core of that hard pass over full softmax attention.
+    """
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if isinstance(row.get("routing"), dict) and _is_number(row.get("loss")):
+            groups[row["method"]].append(row)
+    if not groups:
+        return ""
+    header = ["method", "seeds", "test loss (soft)", "test loss (hard)"] + [label for _, label, _ in _ROUTING_FIELDS] + ["tokens full / linear / window %"]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for method, members in sorted(groups.items(), key=lambda kv: _method_key(kv[0])):
+        def cell(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
+            mean, std = _mean_std([scale * v for v in values])
+            return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+        routing = [m["routing"] for m in members]
+        cells = [method, str(len(members)), cell([m["loss"] for m in members], digits=3), cell([r["hard_loss"] for r in routing], digits=3)]
+        cells += [cell([r[key] for r in routing], scale) for key, _, scale in _ROUTING_FIELDS]
+        fractions = [statistics.fmean(r["expert_fractions"][e] for r in routing) for e in ("full", "linear", "window")]
+        cells.append(" / ".join(f"{100 * f:.1f}" for f in fractions))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def rows_to_csv(rows: list[dict[str, Any]]) -> str:
@@ -184,5 +246,8 @@ def write_results(out_dir: str | Path, rows: list[dict[str, Any]], *, title: str
     write_json_atomic(out / "results.json", {"rows": rows, **({"partial": partial} if partial else {})})
     write_text_atomic(out / "results.csv", rows_to_csv(rows))
     table = markdown_table(aggregate(rows))
+    routing = routing_table(rows)
+    if routing:
+        table += "\n## Routing (Meta-Attention, test split)\n\n" + routing
     write_text_atomic(out / "results.md", f"# {title}\n\n{table}\n{notes}")
     return table

@@ -26,8 +26,11 @@ class ResultRow:
         method: e.g. ``dense``, ``dense-long``, ``budgeted``, ``budgeted-hard``, ``static``.
         budget: requested budget b in (0, 1].
         seed: training seed.
-        accuracy: test accuracy in [0, 1] (final evaluation of the chosen model).
+        accuracy: test accuracy in [0, 1] (final evaluation of the chosen model); None for a
+            language model.
         val_accuracy: validation accuracy in [0, 1]: the figure every choice is made on.
+        loss / val_loss / perplexity: language models: test and validation next-token loss in
+            nats per token, test perplexity exp(loss); ``loss_before_adaptation`` as for accuracy.
         cost: fraction of the budgeted FLOPs used (soft: C(b); hard: kept-unit cost fraction). The
             budgeted FLOPs are the attention heads' (``scope`` heads, the paper) or the heads' and
             the feed-forward blocks' (``scope`` all).
@@ -46,16 +49,22 @@ class ResultRow:
         ffn_per_layer: FFN neurons per layer of a hard ``all``-scope row.
         flops_fraction: whole-model forward FLOPs of a hard row over the dense model's (at the
             benchmark sequence length).
+        routing: Meta-Attention models: routing statistics on the test split
+            (:func:`budgeted_attention.training.routing.routing_statistics`).
     """
 
     method: str
     budget: float
     seed: int
-    accuracy: float
+    accuracy: float | None
     val_accuracy: float | None
     cost: float
     cost_kind: str
     steps: int
+    loss: float | None = None
+    val_loss: float | None = None
+    perplexity: float | None = None
+    loss_before_adaptation: float | None = None
     heads_kept: int | None = None
     heads_per_layer: list[int] | None = None
     accuracy_before_adaptation: float | None = None
@@ -75,6 +84,7 @@ class ResultRow:
     scope: str = "heads"
     ffn_per_layer: list[int] | None = None
     flops_fraction: float | None = None
+    routing: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.cost_kind not in COST_KINDS:

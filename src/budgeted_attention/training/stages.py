@@ -56,13 +56,26 @@ class StageLog:
         steps: optimiser steps that produced the returned weights (with early stopping: the
             step of the best validation score, whose weights are restored).
         steps_run: optimiser steps actually run (>= steps).
-        val_history: (step, validation accuracy) at each evaluation (early stopping only).
+        val_history: (step, validation score) at each evaluation (early stopping only): accuracy,
+            or minus the loss for a language model (higher is better).
     """
 
     losses: list[float] = field(default_factory=list)
     steps: int = 0
     steps_run: int = 0
     val_history: list[tuple[int, float]] = field(default_factory=list)
+
+    def loss_curve(self, points: int = 100) -> list[tuple[int, float]]:
+        """The training loss as at most ``points`` (last step, mean loss) pairs over equal windows
+        of steps: a curve small enough to store with a unit's record."""
+        if not self.losses:
+            return []
+        window = max(1, math.ceil(len(self.losses) / points))
+        return [
+            (min(start + window, len(self.losses)), sum(chunk) / len(chunk))
+            for start in range(0, len(self.losses), window)
+            for chunk in [self.losses[start:start + window]]
+        ]
 
 
 def seed_everything(seed: int) -> None:
@@ -158,6 +171,10 @@ def run_steps(
         for group, base in zip(optimizer.param_groups, base_lrs):
             group["lr"] = base * factor
         loss, info = loss_fn(model, ids, mask, labels, budget_rng)
+        auxiliary = model.auxiliary_loss() if hasattr(model, "auxiliary_loss") else None
+        if auxiliary is not None:  # e.g. Meta-Attention's routing KL of this step's forward passes
+            loss = loss + auxiliary
+            info = {**info, "aux": float(auxiliary.detach())}
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
