@@ -106,6 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", help="write the JSON result here (default RUN_DIR/bench.json)")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
+    routing = sub.add_parser("bench-routing", help="a Meta-Attention LM run: hard routing vs full attention at long sequences")
+    routing.add_argument("run_dir", help="run directory of 'baa lm' with model.attention: meta")
+    routing.add_argument("--seed", type=int, default=None, help="which seed's checkpoint (default: the first found)")
+    routing.add_argument("--seq-lens", type=_csv_ints, default=[1024, 4096, 8192], help="comma-separated sequence lengths (default 1024,4096,8192)")
+    routing.add_argument("--blocks", type=_positive_int, default=2, help="test-document blocks per length for losses and FLOPs (default 2)")
+    routing.add_argument("--threads", type=_positive_int, default=1, help="torch threads while timing (default 1)")
+    routing.add_argument("--rounds", type=_positive_int, default=3, help="interleaved timing rounds (default 3)")
+    routing.add_argument("--min-run-time", type=_positive_float, default=0.2, help="seconds per timing block (default 0.2)")
+    routing.add_argument("--no-soft-loss", action="store_true", help="skip the soft-routing loss (three T x T experts per layer)")
+    routing.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
     report = sub.add_parser("report", help="write a results document (Markdown + figures) from run directories")
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories, one section each, in this order")
     report.add_argument("--out", required=True, help="Markdown file to write, e.g. docs/results.md")
@@ -151,6 +162,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         json_path=args.json,
         lengths=args.lengths,
         progress=not args.no_progress,
+    )
+    return 0
+
+
+def _cmd_bench_routing(args: argparse.Namespace) -> int:
+    from budgeted_attention.recipes.bench_routing import run_bench_routing
+
+    run_bench_routing(
+        args.run_dir, seed=args.seed, seq_lens=args.seq_lens, blocks=args.blocks, threads=args.threads, rounds=args.rounds,
+        min_run_time=args.min_run_time, soft_loss=not args.no_soft_loss, progress=not args.no_progress,
     )
     return 0
 
@@ -206,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _one_line_warning
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"demo": _cmd_demo, "experiment": _cmd_experiment, "lm": _cmd_lm, "bench": _cmd_bench, "report": _cmd_report}
+    handlers = {"demo": _cmd_demo, "experiment": _cmd_experiment, "lm": _cmd_lm, "bench": _cmd_bench, "bench-routing": _cmd_bench_routing, "report": _cmd_report}
     try:
         return handlers[args.command](args)
     except OSError as exc:  # permission denied, --out below a regular file, disk full, ...

@@ -117,3 +117,13 @@ def test_plain_reference_refuses_pruned_decoder():
     pruned = prune_to_budget(model, rank_units(model.unit_importance(), model.unit_costs(12)), 0.5)
     with pytest.raises(ValueError, match="unpruned"):
         pruned.plain_reference()
+
+
+def test_decoder_without_positions_runs_at_any_length_and_matches_its_reference():
+    model = _model(positions="none", max_len=64)
+    assert model.position_embedding is None
+    ids = torch.randint(0, 31, (1, 64))
+    with torch.no_grad():
+        torch.testing.assert_close(model.plain_reference()(ids), model(ids), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match="model.positions"):
+        DecoderConfig(positions="rope")

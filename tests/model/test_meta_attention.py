@@ -169,6 +169,8 @@ def test_meta_language_model_trains_and_round_trips(tmp_path):
 def test_meta_attention_is_refused_where_it_does_not_apply():
     with pytest.raises(ConfigError, match="decoder family"):
         EncoderClassifier(ModelConfig(attention="meta"))
+    with pytest.raises(ConfigError, match="needs position embeddings"):
+        EncoderClassifier(ModelConfig(positions="none"))
     with pytest.raises(ConfigError, match="model.attention"):
         ModelConfig(attention="sparse")
     with pytest.raises(ConfigError, match="model.meta.controller"):

@@ -287,7 +287,7 @@ def test_digest_of_configs_from_before_the_new_keys_is_unchanged(tmp_path):
         del old[key]
     for key in ("budget_sampling", "sandwich_random"):
         del old["train"][key]
-    for key in ("ffn_group_size", "ffn_group_ids", "qk_norm", "residual_gate", "attention", "meta"):
+    for key in ("ffn_group_size", "ffn_group_ids", "qk_norm", "residual_gate", "attention", "meta", "positions"):
         del old["model"][key]
     assert config_digest(cfg) == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()
     assert config_digest(load_experiment_config(str(path), ["budget_scope=all", "ffn_group_size=8"])) != config_digest(cfg)

@@ -115,10 +115,10 @@ class _PlainBlock(nn.Module):
                 self.ffn_gain.copy_(block.ffn_gain)
 
 
-def _check_unpruned(source: nn.Module, name: str) -> None:
+def _check_unpruned(source: nn.Module, name: str, allow_meta: bool = False) -> None:
     """The reference is the full dense model: refuse a pruned or prefix-serving source."""
     cfg = source.config
-    if getattr(cfg, "attention", "softmax") != "softmax":
+    if getattr(cfg, "attention", "softmax") != "softmax" and not allow_meta:
         raise ValueError(f"{name} mirrors softmax attention; a model with attention {cfg.attention!r} is timed against itself (routing soft vs hard)")
     if cfg.is_pruned:
         raise ValueError(f"{name} mirrors the unpruned model only; got heads_per_layer={cfg.heads_per_layer}")
@@ -206,17 +206,21 @@ class PlainDecoder(nn.Module):
     ``PlainDecoder(model)(ids)`` equals ``model(ids)`` up to float rounding (causal attention,
     QK-norm, residual gains, ``d_ff == 0`` included). Inference only; weights are copied.
 
+    ``full_attention=True`` accepts a Meta-Attention model and builds the same network with
+    softmax attention for every token (its controller dropped): the full-attention reference of
+    hard routing, with the same weights and the standard kernels.
+
     Raises:
         ValueError: ``source`` is pruned or serves a prefix of its heads.
     """
 
-    def __init__(self, source: nn.Module) -> None:
+    def __init__(self, source: nn.Module, full_attention: bool = False) -> None:
         super().__init__()
-        _check_unpruned(source, "PlainDecoder")
+        _check_unpruned(source, "PlainDecoder", allow_meta=full_attention)
         cfg = source.config
         self.max_len = cfg.max_len
         self.token_embedding = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.position_embedding = nn.Embedding(cfg.max_len, cfg.d_model)
+        self.position_embedding = nn.Embedding(cfg.max_len, cfg.d_model) if source.position_embedding is not None else None
         self.blocks = nn.ModuleList(
             _PlainBlock(cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff, causal=True, qk_norm=cfg.qk_norm, residual_gate=cfg.residual_gate)
             for _ in range(cfg.n_layers)
@@ -224,7 +228,8 @@ class PlainDecoder(nn.Module):
         self.ln_final = nn.LayerNorm(cfg.d_model)
         with torch.no_grad():
             self.token_embedding.load_state_dict(source.token_embedding.state_dict())
-            self.position_embedding.load_state_dict(source.position_embedding.state_dict())
+            if self.position_embedding is not None:
+                self.position_embedding.load_state_dict(source.position_embedding.state_dict())
             self.ln_final.load_state_dict(source.ln_final.state_dict())
             for plain, block in zip(self.blocks, source.blocks):
                 plain.copy_from(block)
@@ -236,8 +241,9 @@ class PlainDecoder(nn.Module):
         seq = input_ids.shape[1]
         if seq > self.max_len:
             raise ValueError(f"sequence length {seq} exceeds model max_len {self.max_len}")
-        positions = torch.arange(seq, device=input_ids.device)
-        x = self.token_embedding(input_ids) + self.position_embedding(positions)
+        x = self.token_embedding(input_ids)
+        if self.position_embedding is not None:
+            x = x + self.position_embedding(torch.arange(seq, device=input_ids.device))
         for block in self.blocks:
             x = block(x, None)
         return F.linear(self.ln_final(x), self.token_embedding.weight)

@@ -87,6 +87,9 @@ class ModelConfig:
         attention: ``softmax`` (every token attends with softmax attention) or ``meta``
             (Meta-Attention: per-token routing among full, linear and window attention; decoder only).
         meta: the routing settings of ``attention: meta``.
+        positions: ``learned`` position embeddings (``max_len`` of them) or ``none`` (a causal
+            decoder infers order from its mask; runs at any length up to ``max_len`` without a
+            table, e.g. trained at 256 tokens and evaluated at 8k).
     """
 
     vocab_size: int = 64
@@ -108,10 +111,13 @@ class ModelConfig:
     residual_gate: bool = False
     attention: str = "softmax"
     meta: MetaConfig = field(default_factory=MetaConfig)
+    positions: str = "learned"
 
     def __post_init__(self) -> None:
         if self.attention not in ("softmax", "meta"):
             raise ConfigError(f"model.attention must be 'softmax' or 'meta', got {self.attention!r}")
+        if self.positions not in ("learned", "none"):
+            raise ConfigError(f"model.positions must be 'learned' or 'none', got {self.positions!r}")
         if isinstance(self.meta, dict):  # from dataclasses.replace / JSON round trips
             self.meta = MetaConfig(**self.meta)
         self.qk_norm = check_bool(self.qk_norm, "model.qk_norm")

@@ -54,8 +54,9 @@ class CausalLM(BlockStack):
         super().__init__()
         self._build(config, causal=True, qk_norm=config.qk_norm, residual_gate=config.residual_gate)
         nn.init.normal_(self.token_embedding.weight, std=0.02)
-        with torch.no_grad():
-            self.position_embedding.weight.copy_(sinusoidal_positions(config.max_len, config.d_model, amplitude=0.02))
+        if self.position_embedding is not None:
+            with torch.no_grad():
+                self.position_embedding.weight.copy_(sinusoidal_positions(config.max_len, config.d_model, amplitude=0.02))
 
     def forward(
         self,

@@ -42,23 +42,28 @@ def elu_feature(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear_attention_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal kernel attention for every position.
+    """Causal kernel attention for every position, in its parallel (masked quadratic) form.
+
+    phi(q_t) S_t / (phi(q_t) . z_t) with S_t = sum_{s <= t} phi(k_s) v_s^T equals
+    sum_{s <= t} a_ts v_s / sum_{s <= t} a_ts with a_ts = phi(q_t) . phi(k_s): two matmuls
+    instead of a (T, hd, hd) prefix-state tensor, the fast form for training on every token
+    (the hard path reads real prefix states for the tokens routed here).
 
     Args:
         q, k, v: (B, n, T, hd).
         key_mask: optional (B, T) bool, True for real tokens (padded keys contribute nothing).
 
     Returns:
-        (B, n, T, hd): phi(q_t) S_t / (phi(q_t) . z_t).
+        (B, n, T, hd).
     """
-    phi_q, phi_k = elu_feature(q), elu_feature(k)
+    seq = q.shape[2]
+    scores = elu_feature(q) @ elu_feature(k).transpose(-1, -2)  # (B, n, T, T), all > 0
+    keep = causal_mask(seq, device=q.device)
     if key_mask is not None:
-        phi_k = phi_k * key_mask.view(key_mask.shape[0], 1, -1, 1).to(phi_k.dtype)
-    state = torch.cumsum(phi_k.unsqueeze(-1) * v.unsqueeze(-2), dim=2)  # (B, n, T, hd, hd)
-    norm = torch.cumsum(phi_k, dim=2)  # (B, n, T, hd)
-    numerator = torch.einsum("bntd,bntde->bnte", phi_q, state)
-    denominator = (phi_q * norm).sum(-1, keepdim=True).clamp_min(1e-6)
-    return numerator / denominator
+        keep = keep.unsqueeze(0) & key_mask.view(key_mask.shape[0], 1, -1)
+        keep = keep.unsqueeze(1)
+    scores = scores * keep.to(scores.dtype)
+    return (scores @ v) / scores.sum(-1, keepdim=True).clamp_min(1e-6)
 
 
 def causal_mask(seq: int, window: int = 0, device: torch.device | None = None) -> torch.Tensor:

@@ -146,7 +146,8 @@ class BlockStack(GatedModel):
         """Embeddings, blocks and the final LayerNorm of ``config`` (then the gate grids)."""
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
-        self.position_embedding = nn.Embedding(config.max_len, config.d_model)
+        # No position table with ``positions: none`` (causal decoders only).
+        self.position_embedding = nn.Embedding(config.max_len, config.d_model) if config.positions == "learned" else None
         self.embedding_dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(
             EncoderBlock(config, h, w, causal=causal, qk_norm=qk_norm, residual_gate=residual_gate)
@@ -172,8 +173,9 @@ class BlockStack(GatedModel):
             raise ValueError(f"sequence length {seq} exceeds model max_len {self.config.max_len}")
         if token_type_ids is not None and bool(token_type_ids.any()):
             raise ValueError(f"this {self.family} model has no segment embeddings: token_type_ids must be None or all zeros")
-        positions = torch.arange(seq, device=input_ids.device)
-        x = self.token_embedding(input_ids) + self.position_embedding(positions)
+        x = self.token_embedding(input_ids)
+        if self.position_embedding is not None:
+            x = x + self.position_embedding(torch.arange(seq, device=input_ids.device))
         if self.training:
             x = self.embedding_dropout(x)
         head_gates, group_gates = self.layer_unit_gates(budget, gates)
@@ -256,6 +258,8 @@ class EncoderClassifier(BlockStack):
         super().__init__()
         if config.attention != "softmax":
             raise ConfigError(f"model.attention {config.attention!r} is causal routing for the decoder family; the encoder uses 'softmax'")
+        if config.positions != "learned":
+            raise ConfigError("model.positions 'none' is for the causal decoder; a bidirectional encoder needs position embeddings")
         self._build(config, qk_norm=config.qk_norm, residual_gate=config.residual_gate)
         self.classifier = nn.Linear(config.d_model, config.n_classes)
         nn.init.normal_(self.token_embedding.weight, std=0.35)

@@ -104,8 +104,8 @@ ALL_METHODS = [
     "dense", "dense-long", "budgeted", "budgeted-hard", "budgeted-sandwich", "budgeted-hard-sandwich", "budgeted-scratch",
     "static", "static-soft", "posthoc", "posthoc-recovered", "posthoc-recovered-1ep", "ladder",
 ]
-# Model keys a ladder entry may change.
-LADDER_KEYS = ("d_model", "n_layers", "n_heads", "head_dim", "d_ff")
+# Model keys a ladder entry may change (``name`` labels its rows: ``ladder (name)`` in tables).
+LADDER_KEYS = ("d_model", "n_layers", "n_heads", "head_dim", "d_ff", "qk_norm", "residual_gate", "name")
 
 
 @dataclass
@@ -174,8 +174,10 @@ class ExperimentConfig:
             unknown = sorted(set(shape) - set(LADDER_KEYS))
             if unknown:
                 raise ConfigError(f"unknown key 'ladder[{index}].{unknown[0]}' (known: {', '.join(LADDER_KEYS)})")
+            if "name" in shape and (not isinstance(shape["name"], str) or not shape["name"]):
+                raise ConfigError(f"ladder[{index}].name must be a non-empty string, got {shape['name']!r}")
             try:
-                self.model.unpruned(**{"head_dim": 0, **shape}, ffn_group_size=0)
+                self.model.unpruned(**{"head_dim": 0, **_shape(shape)}, ffn_group_size=0)
             except ConfigError as exc:
                 raise ConfigError(f"ladder[{index}]: {exc}") from None
 
@@ -202,8 +204,13 @@ _LATER_KEYS = {
     ("train", "budget_sampling"): "single", ("train", "sandwich_random"): 2,
     ("model", "ffn_group_size"): 0, ("model", "ffn_group_ids"): [],
     ("task",): "classify", ("lm_data",): to_dict(LMDataConfig()), ("model", "qk_norm"): False, ("model", "residual_gate"): False,
-    ("model", "attention"): "softmax", ("model", "meta"): to_dict(MetaConfig()),
+    ("model", "attention"): "softmax", ("model", "meta"): to_dict(MetaConfig()), ("model", "positions"): "learned",
 }
+
+
+def _shape(entry: dict[str, Any]) -> dict[str, Any]:
+    """The model keys of a ladder entry (without its ``name``)."""
+    return {k: v for k, v in entry.items() if k != "name"}
 
 
 def config_digest(cfg: ExperimentConfig) -> str:
@@ -538,7 +545,8 @@ class Experiment:
         """A smaller dense model of the same family trained from scratch for the budgeted-hard path's
         total steps, timed against the full dense model's plain reference."""
         big, _ = self._load(seed, "dense")
-        config = big.config.unpruned(**{"head_dim": 0, **self.cfg.ladder[index]}, ffn_group_size=0)
+        entry = self.cfg.ladder[index]
+        config = big.config.unpruned(**{"head_dim": 0, **_shape(entry)}, ffn_group_size=0)
         model = type(big)(config)
         steps = self._steps_of(seed, "dense") + self.cfg.path_steps
         log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, steps=steps, desc=f"ladder {index}", task=self.task)
@@ -553,7 +561,8 @@ class Experiment:
         cfg = dataclasses.replace(self._bench_cfg([]), include_sliced=False)
         timed = bench_against_reference(big, {"ladder": model}, cfg, **self._bench_kwargs())
         row.attach_speed({**timed[0], "ideal_speedup": 1.0 / fraction})
-        return {"rows": [row], "shape": self.cfg.ladder[index], "bench": timed}
+        row.variant = entry.get("name")
+        return {"rows": [row], "shape": entry, "bench": timed, "loss_curve": log.loss_curve()}
 
     # ---------------------------------------------------------------- driver
 
@@ -618,6 +627,8 @@ class Experiment:
             rows += record.get("rows", [])
             if name == "dense" and record.get("loss_curve"):
                 self.curves[f"dense, seed {seed}"] = record["loss_curve"]
+            if name.startswith("ladder-") and record.get("loss_curve"):
+                self.curves[f"ladder {record['shape'].get('name', name.removeprefix('ladder-'))}, seed {seed}"] = record["loss_curve"]
             if name in BENCH_UNITS:
                 benches.setdefault(BENCH_UNITS[name], {})[seed] = record["bench"]
         for method, by_seed in benches.items():
@@ -671,7 +682,7 @@ class Experiment:
         plot_accuracy_vs_speedup(rows, self.out / "accuracy_vs_speedup.png", self.cfg.name)
         if getattr(self, "curves", None):
             ylabel = "training loss (nats/token)" if self.cfg.task == "lm" else "training loss"
-            plot_training_curves(self.curves, self.out / "training_curves.png", f"{self.cfg.name}: dense training", ylabel)
+            plot_training_curves(self.curves, self.out / "training_curves.png", f"{self.cfg.name}: training from initialisation", ylabel)
         for method, by_seed in benches.items():
             first = by_seed[min(by_seed)]
             stem = "bench" if method == "budgeted-hard" else f"bench-{method.removeprefix('budgeted-hard-')}"

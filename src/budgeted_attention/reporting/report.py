@@ -80,6 +80,10 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         if not isinstance(bench, dict) or not isinstance(bench.get("rows"), list):
             raise ReportError(f"malformed benchmark in '{bench_path}': expected {{\"rows\": [...], ...}}")
         benches.append((bench_path, bench))
+    routing_path = path / "routing_bench.json"
+    routing_bench = _read_json(routing_path) if routing_path.is_file() else None
+    if routing_bench is not None and (not isinstance(routing_bench, dict) or not isinstance(routing_bench.get("rows"), list)):
+        raise ReportError(f"malformed routing benchmark in '{routing_path}': expected {{\"rows\": [...], ...}}")
     name = config.get("name") if isinstance(config.get("name"), str) and config.get("name") else path.resolve().name
     return {
         "path": path,
@@ -89,6 +93,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "results": results,
         "rows": rows,
         "benches": benches,
+        "routing_bench": routing_bench,
         "figures": sorted(path.glob("*.png")),
         "wall_time": _wall_time(path, results),
     }
@@ -299,6 +304,13 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
         if bench.get("checkpoint"):
             lines += [f"Checkpoint: `{bench['checkpoint']}`", ""]
         lines.append(bench_table(bench).rstrip("\n"))
+    if run.get("routing_bench"):
+        from budgeted_attention.benchmark.routing import routing_bench_markdown  # noqa: PLC0415
+
+        lines += ["", f"### {run['name']}: hard routing vs full attention at long sequences (`routing_bench.json`)", ""]
+        if run["routing_bench"].get("checkpoint"):
+            lines += [f"Checkpoint: `{run['routing_bench']['checkpoint']}`", ""]
+        lines.append(routing_bench_markdown(run["routing_bench"]).rstrip("\n"))
     if run["figures"]:
         lines += ["", f"### {run['name']}: figures", ""]
         for figure in run["figures"]:

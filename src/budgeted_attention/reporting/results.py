@@ -96,8 +96,14 @@ def row_cost(row: dict[str, Any]) -> float | None:
     return None
 
 
+def display_method(row: dict[str, Any]) -> str:
+    """``method``, or ``method (variant)`` for a named variant (e.g. a ladder entry)."""
+    return f"{row['method']} ({row['variant']})" if row.get("variant") else str(row["method"])
+
+
 def _method_key(method: str) -> tuple[int, str]:
-    return (METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER), method)
+    base = method.split(" (", 1)[0]
+    return (METHOD_ORDER.index(base) if base in METHOD_ORDER else len(METHOD_ORDER), method)
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -110,7 +116,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean and std over seeds per (method, budget); one dict per group, sorted."""
     groups: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
-        groups[(row["method"], float(row["budget"]))].append(row)
+        groups[(display_method(row), float(row["budget"]))].append(row)
     summary = []
     for (method, budget), members in sorted(groups.items(), key=lambda kv: (_method_key(kv[0][0]), kv[0][1])):
         entry: dict[str, Any] = {"method": method, "budget": budget, "seeds": len(members)}
@@ -205,7 +211,7 @@ def routing_table(rows: list[dict[str, Any]]) -> str:
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         if isinstance(row.get("routing"), dict) and _is_number(row.get("loss")):
-            groups[row["method"]].append(row)
+            groups[display_method(row)].append(row)
     if not groups:
         return ""
     header = ["method", "seeds", "test loss (soft)", "test loss (hard)"] + [label for _, label, _ in _ROUTING_FIELDS] + ["tokens full / linear / window %"]

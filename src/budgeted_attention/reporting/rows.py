@@ -49,6 +49,8 @@ class ResultRow:
         ffn_per_layer: FFN neurons per layer of a hard ``all``-scope row.
         flops_fraction: whole-model forward FLOPs of a hard row over the dense model's (at the
             benchmark sequence length).
+        variant: a label within the method (``ladder`` entries with a ``name``): rows of one
+            method and different variants are aggregated apart, as ``method (variant)``.
         routing: Meta-Attention models: routing statistics on the test split
             (:func:`budgeted_attention.training.routing.routing_statistics`).
     """
@@ -85,6 +87,7 @@ class ResultRow:
     ffn_per_layer: list[int] | None = None
     flops_fraction: float | None = None
     routing: dict[str, Any] | None = None
+    variant: str | None = None
 
     def __post_init__(self) -> None:
         if self.cost_kind not in COST_KINDS:
