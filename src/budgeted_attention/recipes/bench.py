@@ -14,19 +14,20 @@ from budgeted_attention.io import write_json_atomic, write_text_atomic
 from budgeted_attention.reporting.plots import plot_speedups
 
 
-def find_hard_checkpoint(run_dir: str | Path, seed: int | None) -> Path:
-    """The budgeted-hard checkpoint of a run directory (or the given checkpoint path)."""
+def find_hard_checkpoint(run_dir: str | Path, seed: int | None, name: str = "budgeted-hard", command: str = "baa demo") -> Path:
+    """The ``name`` checkpoint (default budgeted-hard) of a run directory's first (or given) seed,
+    or the given checkpoint path; ``command`` is what the error suggests running."""
     path = Path(run_dir)
     if path.suffix == ".json" and path.is_file():
         return path
     if not path.is_dir():
         raise CheckpointError(f"run directory not found: '{path}'")
-    candidates = sorted((path / "checkpoints").glob("seed*/budgeted-hard.json"))
+    candidates = sorted((path / "checkpoints").glob(f"seed*/{name}.json"))
     if seed is not None:
         candidates = [c for c in candidates if c.parent.name == f"seed{seed}"]
     if not candidates:
         which = f" for seed {seed}" if seed is not None else ""
-        raise CheckpointError(f"no budgeted-hard checkpoint{which} in '{path}/checkpoints' (run 'baa demo --out {path}' first)")
+        raise CheckpointError(f"no {name} checkpoint{which} in '{path}/checkpoints' (run '{command} --out {path}' first)")
     return candidates[0]
 
 

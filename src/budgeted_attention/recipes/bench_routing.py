@@ -14,18 +14,9 @@ from budgeted_attention.config import load_yaml
 from budgeted_attention.data.lm import load_documents, split_documents, token_blocks
 from budgeted_attention.errors import CheckpointError, ConfigError, DataError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
+from budgeted_attention.recipes.bench import find_hard_checkpoint
 
 ROUTING_BENCH = "routing_bench.json"
-
-
-def _checkpoint(run: Path, seed: int | None) -> Path:
-    candidates = sorted((run / "checkpoints").glob("seed*/dense.json"))
-    if seed is not None:
-        candidates = [c for c in candidates if c.parent.name == f"seed{seed}"]
-    if not candidates:
-        which = f" for seed {seed}" if seed is not None else ""
-        raise CheckpointError(f"no dense checkpoint{which} in '{run}/checkpoints' (run 'baa lm CONFIG --out {run}' first)")
-    return candidates[0]
 
 
 def run_bench_routing(
@@ -41,7 +32,8 @@ def run_bench_routing(
     cfg = config_from_dict(load_yaml(run / "config.yaml"))
     if cfg.task != "lm" or cfg.model.attention != "meta":
         raise ConfigError(f"'{run}' is not a Meta-Attention language-model run (task {cfg.task!r}, attention {cfg.model.attention!r})")
-    model, _ = load_model(_checkpoint(run, seed))
+    checkpoint = find_hard_checkpoint(run, seed, name="dense", command="baa lm CONFIG")
+    model, _ = load_model(checkpoint)
     tokenizer = Tokenizer.from_file(str(run / "tokenizer.json"))
     _, _, test_docs = split_documents(load_documents(cfg.lm_data), cfg.lm_data)
     blocks_by_len = {}
@@ -51,7 +43,7 @@ def run_bench_routing(
             raise DataError(f"the test documents hold {len(split)} blocks of {seq} tokens, fewer than --blocks {blocks}")
         blocks_by_len[seq] = split.input_ids[:blocks]
     result = bench_routing(model, blocks_by_len, threads=threads, rounds=rounds, min_run_time=min_run_time, soft_loss=soft_loss, progress=progress)
-    result["checkpoint"] = str(_checkpoint(run, seed))
+    result["checkpoint"] = str(checkpoint)
     write_json_atomic(run / ROUTING_BENCH, result)
     table = routing_bench_markdown(result)
     write_text_atomic(run / "routing_bench.md", f"# baa bench-routing\n\nCheckpoint: `{result['checkpoint']}`\n\n{table}")
