@@ -283,7 +283,7 @@ def test_digest_of_configs_from_before_the_new_keys_is_unchanged(tmp_path):
     path.write_text(CONFIG)
     cfg = load_experiment_config(str(path))
     old = to_dict(cfg)
-    for key in ("budget_scope", "ffn_group_size", "reference_seq_len", "ladder", "task", "lm_data"):
+    for key in ("budget_scope", "ffn_group_size", "reference_seq_len", "ladder", "task", "lm_data", "notes"):
         del old[key]
     for key in ("budget_sampling", "sandwich_random"):
         del old["train"][key]

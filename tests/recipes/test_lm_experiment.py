@@ -11,6 +11,7 @@ from budgeted_attention.reporting.report import load_run, run_section
 
 LM = {
     "name": "tiny-lm",
+    "notes": "Reference: the paper reports X.",
     "task": "lm",
     "model_family": "decoder",
     "seeds": [0],
@@ -37,11 +38,11 @@ def test_lm_experiment_reports_loss_perplexity_and_speed(tmp_path):
     assert hard[0]["speedup"] > 0 and hard[0]["loss_before_adaptation"] > 0
     table = (out / "results.md").read_text()
     assert "test loss (nats)" in table and "test ppl." in table and "acc." not in table
-    assert "| ladder (SAN 1L) |" in table
+    assert "| ladder (SAN 1L) |" in table and "vs dense (nats)" in table and "Reference: the paper reports X." in table
     assert (out / "accuracy_vs_budget.png").is_file() and (out / "tokenizer.json").is_file()
     assert (out / "training_curves.png").is_file()
     section = run_section(load_run(out), figures_dir=None, out=None)
-    assert "Losses in nats per token" in section and "headline" not in section
+    assert "Losses in nats per token" in section and "headline" not in section and "Reference: the paper reports X." in section
 
 
 def test_task_and_family_must_agree():

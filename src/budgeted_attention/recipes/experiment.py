@@ -113,6 +113,7 @@ class ExperimentConfig:
     """One experiment: data, model, training, methods, budgets, seeds, benchmark."""
 
     name: str = "experiment"
+    notes: str = ""
     task: str = "classify"
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     methods: list[str] = field(default_factory=lambda: ["dense", "dense-long", "budgeted", "budgeted-hard", "static", "static-soft", "posthoc", "posthoc-recovered", "posthoc-recovered-1ep"])
@@ -203,7 +204,7 @@ _LATER_KEYS = {
     ("budget_scope",): "heads", ("ffn_group_size",): 64, ("reference_seq_len",): 0, ("ladder",): [],
     ("train", "budget_sampling"): "single", ("train", "sandwich_random"): 2,
     ("model", "ffn_group_size"): 0, ("model", "ffn_group_ids"): [],
-    ("task",): "classify", ("lm_data",): to_dict(LMDataConfig()), ("model", "qk_norm"): False, ("model", "residual_gate"): False,
+    ("notes",): "", ("task",): "classify", ("lm_data",): to_dict(LMDataConfig()), ("model", "qk_norm"): False, ("model", "residual_gate"): False,
     ("model", "attention"): "softmax", ("model", "meta"): to_dict(MetaConfig()), ("model", "positions"): "learned",
 }
 
@@ -668,6 +669,8 @@ class Experiment:
             f"batch {setting.batch_sizes[0]}, sequence {self._bench_seq()}, {setting.threads} thread(s); FLOP-ideal from the cost model.\n"
             f"Wall time of this invocation: {seconds:.0f} s.\n"
         )
+        if self.cfg.notes:
+            notes = self.cfg.notes.strip() + "\n\n" + notes
         if getattr(self, "partial", None):
             notes = f"**{self.partial}**\n\n" + notes
         # The headline picks operating points by validation accuracy: classification runs only

@@ -284,6 +284,8 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
     lines.append(f"- Run directory: `{run['path']}`")
     if run["results"].get("partial"):
         lines += ["", f"**{run['results']['partial']}**"]
+    if isinstance(run["config"].get("notes"), str) and run["config"]["notes"].strip():
+        lines += ["", run["config"]["notes"].strip()]
     seeds = sorted({r.get('seed') for r in run["rows"] if r.get("seed") is not None}, key=str)
     lm = metric_of(run["rows"]) is LOSS_METRIC
     units = (

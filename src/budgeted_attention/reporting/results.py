@@ -159,6 +159,13 @@ def _fmt_cost(entry: dict[str, Any]) -> str:
     return text
 
 
+def _gap(entry: dict[str, Any], dense_loss: float | None) -> str:
+    """Mean test loss minus the dense model's (nats; positive = worse), empty without both."""
+    if dense_loss is None or "loss_mean" not in entry:
+        return ""
+    return f"{entry['loss_mean'] - dense_loss:+.3f}"
+
+
 def _fmt_steps(entry: dict[str, Any]) -> str:
     if "steps_mean" not in entry:
         return ""
@@ -175,17 +182,18 @@ def markdown_table(summary: list[dict[str, Any]]) -> str:
     metric = metric_of(summary)
     key, short = metric.key, metric.short
     lm = metric is LOSS_METRIC
+    dense_loss = next((e["loss_mean"] for e in summary if e["method"] == "dense" and "loss_mean" in e), None) if lm else None
     header = (
-        f"| method | budget | seeds | steps | val. {short} | test {short} |" + (" test ppl. |" if lm else "")
+        f"| method | budget | seeds | steps | val. {short} | test {short} |" + (" test ppl. | vs dense (nats) |" if lm else "")
         + f" cost | heads kept | {short} before adapt. | speedup | FLOP-ideal |" + "".join(f" {label} |" for _, label in extra) + "\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if lm else "") + "---:|" * len(extra) + "\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if lm else "") + "---:|" * len(extra) + "\n"
     )
     lines = []
     for e in summary:
         value = lambda field: _fmt_pct(e, field, metric.scale, metric.digits)  # noqa: E731
         lines.append(
             f"| {e['method']} | {e['budget']:.2f} | {e['seeds']} | {_fmt_steps(e)} | {value(f'val_{key}')} | "
-            f"{value(key)} |" + (f" {_fmt(e, 'perplexity', 2)} |" if lm else "") + f" {_fmt_cost(e)} | {_fmt(e, 'heads_kept', 1)} | "
+            f"{value(key)} |" + (f" {_fmt(e, 'perplexity', 2)} | {_gap(e, dense_loss)} |" if lm else "") + f" {_fmt_cost(e)} | {_fmt(e, 'heads_kept', 1)} | "
             f"{value(f'{key}_before_adaptation')} | {_fmt(e, 'speedup', 2, 'x')} | "
             f"{_fmt(e, 'ideal_speedup', 2, 'x')} |" + "".join(f" {_fmt(e, f, 2, 'x')} |" for f, _ in extra)
         )
