@@ -34,7 +34,16 @@ results: $(STAMP)
 	$(BIN)/baa demo --no-progress --config configs/d256_all.yaml --out runs/d256_all
 	$(BIN)/baa experiment --no-progress configs/bbc_short_all.yaml
 	$(BIN)/baa experiment --no-progress configs/minilm_bbc_short_all.yaml
-	$(BIN)/baa report runs/demo runs/d256 runs/bbc_short runs/minilm_bbc_short runs/demo_all runs/d256_all runs/bbc_short_all runs/minilm_bbc_short_all --out docs/results.md
+	$(BIN)/baa lm --no-progress configs/tiny_lm_bayesian.yaml
+	$(BIN)/baa lm --no-progress configs/tiny_lm_prior_free.yaml
+	$(BIN)/baa lm --no-progress configs/tiny_lm_softmax.yaml
+	$(BIN)/baa lm --no-progress configs/meta_long.yaml
+	$(BIN)/baa bench-routing --no-progress runs/meta_long --seq-lens 1024,4096,8192
+	$(BIN)/baa lm --no-progress configs/lm_san_compare.yaml
+	$(BIN)/baa lm --no-progress configs/lm_san.yaml
+	$(BIN)/baa lm --no-progress configs/lm_char.yaml
+	$(BIN)/baa report runs/demo runs/d256 runs/bbc_short runs/minilm_bbc_short runs/demo_all runs/d256_all runs/bbc_short_all runs/minilm_bbc_short_all \
+		runs/tiny_lm_bayesian runs/tiny_lm_prior_free runs/tiny_lm_softmax runs/meta_long runs/lm_san_compare runs/lm_san runs/lm_char --out docs/results.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

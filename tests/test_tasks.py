@@ -53,3 +53,11 @@ def test_lm_evaluate_is_token_weighted_and_reports_perplexity():
     assert math.isclose(metrics["loss"], expected, rel_tol=1e-5)
     assert math.isclose(metrics["perplexity"], math.exp(expected), rel_tol=1e-5)
     assert LANGUAGE_MODEL.score(metrics) == -metrics["loss"]
+
+
+def test_lm_targets_need_a_real_position_and_a_real_target():
+    logits = torch.zeros(1, 5, 7)
+    ids = torch.tensor([[0, 0, 3, 4, 5]])
+    mask = torch.tensor([[0, 0, 1, 1, 1]])  # left padding: pad position 1 must not predict token 3
+    _, count = LANGUAGE_MODEL.summed_loss(logits, ids, mask, torch.zeros(1))
+    assert count == 2

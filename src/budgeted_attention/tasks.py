@@ -44,6 +44,13 @@ def distill_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float,
     return (per_position * weights).sum() / weights.sum().clamp_min(1.0) * (t * t)
 
 
+def _lm_targets(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T - 1) next-token targets, -100 (ignored) unless both the predicting position t and
+    the target t + 1 are real tokens (left or right padding alike)."""
+    real = (mask[:, 1:] != 0) & (mask[:, :-1] != 0)
+    return ids[:, 1:].masked_fill(~real, -100)
+
+
 @dataclass(frozen=True)
 class Task:
     """Classification (``kind`` ``classify``) or language modelling (``lm``).
@@ -62,14 +69,14 @@ class Task:
         """Training loss of one batch (mean)."""
         if self.kind == "classify":
             return F.cross_entropy(logits, labels)
-        targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        targets = _lm_targets(ids, mask)
         return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
     def summed_loss(self, logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
         """(summed loss, number of terms) of one batch: examples, or real target tokens."""
         if self.kind == "classify":
             return F.cross_entropy(logits, labels, reduction="sum"), len(labels)
-        targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        targets = _lm_targets(ids, mask)
         total = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="sum")
         return total, int((targets != -100).sum())
 

@@ -222,8 +222,11 @@ class MetaSelfAttention(GatedSelfAttention):
             allowed = positions[:last].view(1, -1) <= full_idx.view(-1, 1)
             if real is not None:
                 allowed = allowed & k_ok[:last].view(1, -1)
-                allowed[:, 0] |= ~allowed.any(-1)
+                # A query with no real key keeps its own position, as in soft mode (never read).
+                empty = ~allowed.any(-1)
+                allowed[empty, full_idx[empty]] = True
             out[:, full_idx] = F.scaled_dot_product_attention(q[:, full_idx], k[:, :last], v[:, :last], attn_mask=allowed)
+            # Charged the whole rectangle a masked kernel computes (not only the causal keys).
             self.flops["full"] += 4 * n * hd * len(full_idx) * last
         if len(linear_idx):
             last = int(linear_idx[-1]) + 1
