@@ -127,3 +127,11 @@ def test_decoder_without_positions_runs_at_any_length_and_matches_its_reference(
         torch.testing.assert_close(model.plain_reference()(ids), model(ids), atol=1e-5, rtol=1e-5)
     with pytest.raises(ConfigError, match="model.positions"):
         DecoderConfig(positions="rope")
+
+
+def test_decoder_cost_counts_causal_key_pairs_and_the_output_layer():
+    model = _model()
+    cost = model.cost_model(12)
+    hd, d = model.config.head_dim, model.config.d_model
+    assert cost.head_flops() == 8 * 12 * d * hd + 4 * (12 * 13 // 2) * hd
+    assert cost.classifier_flops() == 2 * 12 * d * model.config.vocab_size

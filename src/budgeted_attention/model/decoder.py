@@ -33,10 +33,15 @@ class DecoderConfig(ModelConfig):
 @dataclass(frozen=True)
 class DecoderCostModel(CostModel):
     """FLOPs of one forward pass of a :class:`CausalLM` over ``seq_len`` tokens: the blocks as in
-    the encoder, plus the tied output layer at every position as fixed cost. Score and value
-    products are counted over the full T x T square: an upper bound, since the causal CPU SDPA
-    kernel skips about half of them (7.0 vs 11.0 ms at T = 2048 on this machine's CPU), so the
-    FLOP-ideal speedups of decoder budgets are approximate."""
+    the encoder, except that every query scores and mixes only the keys up to itself (T (T + 1) / 2
+    pairs, not T x T: the causal CPU SDPA kernel skips the masked half, 7.0 vs 11.0 ms at T = 2048
+    on this machine), plus the tied output layer at every position as fixed cost."""
+
+    def head_flops(self) -> int:
+        t, d, hd = self.seq_len, self.config.d_model, self.config.head_dim
+        projections = 3 * 2 * t * d * hd + 2 * t * hd * d
+        causal_pairs = t * (t + 1) // 2
+        return projections + 2 * 2 * causal_pairs * hd  # scores and weighted sum
 
     def classifier_flops(self) -> int:
         return 2 * self.seq_len * self.config.d_model * self.config.vocab_size
