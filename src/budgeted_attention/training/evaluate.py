@@ -1,4 +1,8 @@
-"""Accuracy of a model on a split, under a budget, explicit gates, or no gating."""
+"""Accuracy of a classifier on a split, under a budget, explicit gates, or no gating.
+
+A thin public helper over :data:`budgeted_attention.tasks.CLASSIFY`, the one evaluation path the
+pipeline uses (language models: :data:`budgeted_attention.tasks.LANGUAGE_MODEL`).
+"""
 
 from __future__ import annotations
 
@@ -6,30 +10,7 @@ import torch
 from torch import nn
 
 from budgeted_attention.data.dataset import Split
-
-
-@torch.no_grad()
-def predict(
-    model: nn.Module,
-    split: Split,
-    batch_size: int = 512,
-    *,
-    budget: float | None = None,
-    gates: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Predicted class per example, shape (N,)."""
-    was_training = model.training
-    model.eval()
-    kwargs = {}
-    if budget is not None:
-        kwargs["budget"] = budget
-    if gates is not None:
-        kwargs["gates"] = gates
-    predictions = [
-        model(ids, mask, **kwargs).argmax(dim=-1) for ids, mask, _ in split.batches(batch_size)
-    ]
-    model.train(was_training)
-    return torch.cat(predictions)
+from budgeted_attention.tasks import CLASSIFY
 
 
 def evaluate_accuracy(
@@ -41,5 +22,5 @@ def evaluate_accuracy(
     gates: torch.Tensor | None = None,
 ) -> float:
     """Fraction of correct predictions in [0, 1]."""
-    predictions = predict(model, split, batch_size, budget=budget, gates=gates)
-    return float((predictions == split.labels).float().mean())
+    gating = {key: value for key, value in (("budget", budget), ("gates", gates)) if value is not None}
+    return CLASSIFY.evaluate(model, split, batch_size, **gating)["accuracy"]
