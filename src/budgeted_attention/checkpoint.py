@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from budgeted_attention.errors import BAAError, CheckpointError
 from budgeted_attention.io import atomic_path, sha256_file, write_json_atomic
 from budgeted_attention.model.family import GatedModel
+from budgeted_attention.model.router import RouterConfig
 
 FORMAT = "budgeted_attention/2"
 
@@ -72,6 +73,7 @@ def save_model(model: GatedModel, path: str | Path, **extra: Any) -> Path:
         "format": FORMAT,
         "family": model.family,
         "architecture": model.describe(),
+        **({"router": model.router.describe()} if getattr(model, "router", None) is not None else {}),
         "weights_file": weights_path.name,
         "weights_sha256": sha256_file(weights_path),
         "tensors": {name: list(tensor.shape) for name, tensor in tensors.items()},
@@ -113,6 +115,9 @@ def load_model(path: str | Path) -> tuple[GatedModel, dict[str, Any]]:
     cls = family_class(description["family"])
     try:
         model = cls.from_description(description["architecture"])
+        if "router" in description:  # a per-input head router (BudgetFormer / capped)
+            router = model.attach_router(RouterConfig.from_dict(description["router"]["config"]))
+            router.load_calibration(description["router"].get("calibration", {}))
     except (BAAError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"bad architecture in '{meta_path}': {str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
     try:

@@ -131,3 +131,26 @@ def test_token_type_ids_reach_the_bert_model(inputs):
         expected = reference(input_ids=inputs[0], attention_mask=inputs[1], token_type_ids=segments).logits
         assert torch.allclose(model(*inputs, segments), expected, atol=1e-5)
         assert not torch.allclose(model(*inputs), expected, atol=1e-4)
+
+
+def test_per_input_routing_computes_selected_heads_only_and_equals_the_masked_forward():
+    from budgeted_attention.model.router import RouterConfig, pooled_embeddings
+
+    torch.manual_seed(0)
+    model = GatedBertClassifier(_tiny_bert()).eval()
+    router = model.attach_router(RouterConfig(mode="capped"))
+    with torch.no_grad():
+        router.scorer.weight.normal_(std=2.0)
+        router.controller[2].weight.normal_(std=2.0)
+    ids = torch.randint(0, 99, (6, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0
+    with torch.no_grad():
+        selection = router.decide(pooled_embeddings(model.input_embedding(), ids, mask), 0.5)
+        assert len(torch.unique(selection.flatten(1), dim=0)) > 1
+        hard = model(ids, mask, budget=0.5)  # grouped per head set, scattered to the full width
+        assert torch.allclose(hard, model(ids, mask, gates=selection.float()), atol=1e-5)
+        for i in range(ids.shape[0]):  # one input: gathered weights, compact output projection
+            assert torch.allclose(model(ids[i : i + 1], mask[i : i + 1], budget=0.5), hard[i : i + 1], atol=1e-5)
+    assert all(a.head_index is None and a.head_gates is None for a in model.attentions)
+    assert all(d.input_index is None for d in model.output_denses)

@@ -283,8 +283,9 @@ def test_digest_of_configs_from_before_the_new_keys_is_unchanged(tmp_path):
     path.write_text(CONFIG)
     cfg = load_experiment_config(str(path))
     old = to_dict(cfg)
-    for key in ("budget_scope", "ffn_group_size", "reference_seq_len", "ladder", "task", "lm_data", "notes"):
+    for key in ("budget_scope", "ffn_group_size", "reference_seq_len", "ladder", "task", "lm_data", "notes", "router"):
         del old[key]
+    del old["synthetic"]["mixed_markers"]
     for key in ("budget_sampling", "sandwich_random"):
         del old["train"][key]
     for key in ("ffn_group_size", "ffn_group_ids", "qk_norm", "residual_gate", "attention", "meta", "positions"):
@@ -308,3 +309,36 @@ def test_finished_only_writes_a_partial_run_marked_as_such(tmp_path):
     assert {r["method"] for r in results["rows"]} == {"dense"}
     assert "PARTIAL RUN: 1 of 4 units" in results["partial"]
     assert "PARTIAL RUN" in run_section(load_run(out), figures_dir=None, out=None)
+
+
+def test_per_input_routing_methods_train_calibrate_and_time_at_equal_steps(tmp_path):
+    path = tmp_path / "routed.yaml"
+    path.write_text(CONFIG.replace("seeds: [0, 1]", "seeds: [0]").replace("budgets: [0.5, 1.0]", "budgets: [0.5, 0.75, 1.0]")
+                    .replace("n_heads: 2", "n_heads: 4").replace("rounds: 1", "rounds: 1, batch_sizes: [1, 4]"))
+    cfg = load_experiment_config(str(path), ["methods=[dense,budgetformer,capped-routing]"])
+    Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None).run()
+    rows = json.loads((tmp_path / "run" / "results.json").read_text())["rows"]
+    learned = [r for r in rows if r["method"] == "budgetformer"]
+    capped = {r["budget"]: r for r in rows if r["method"] == "capped-routing"}
+    assert len(learned) == 1 and learned[0]["variant"] == "learned budget" and learned[0]["cost_kind"] == "routed"
+    assert set(capped) == {0.5, 0.75, 1.0}
+    for row in learned + list(capped.values()):
+        assert row["steps"] == cfg.train.dense_steps + cfg.path_steps  # equal steps with budgeted-hard
+        assert 0 < row["cost"] <= 1 and row["mean_heads"] == pytest.approx(4 * row["cost"])
+    assert capped[1.0]["cost"] == 1.0
+    assert capped[0.5]["cost"] <= 0.5 + 0.15  # calibrated on validation; test may differ by a few inputs
+    timed = [r for r in rows if r.get("speedup") is not None]
+    assert {r["method"] for r in timed} == {"budgetformer", "capped-routing"} and all(r["bench_batch_size"] == 1 for r in timed)
+    record = json.loads((tmp_path / "run" / "routed.json").read_text())
+    assert {r["batch_size"] for r in record["bench"]["0"]["rows"]} == {1, 4}
+    assert set(record["calibration"]["capped-routing"]["0"]) == {"0.5", "0.75"}
+    assert "Heads by input difficulty" in (tmp_path / "run" / "routed.md").read_text()
+
+
+def test_routing_methods_are_refused_where_they_cannot_run(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG)
+    with pytest.raises(ConfigError, match="budget_scope 'heads'"):
+        load_experiment_config(str(path), ["methods=[dense,budgetformer]", "budget_scope=all", "ffn_group_size=16"])
+    with pytest.raises(ConfigError, match="router.mode"):
+        load_experiment_config(str(path), ["methods=[dense,budgetformer]", "router.mode=never"])

@@ -23,7 +23,8 @@ NEW = [
 
 def test_method_order_has_new_methods():
     order = ["dense", "dense-long", "budgeted", "budgeted-hard", "budgeted-sandwich", "budgeted-hard-sandwich",
-             "budgeted-scratch", "static", "static-soft", "posthoc", "posthoc-recovered", "posthoc-recovered-1ep", "ladder"]
+             "budgeted-scratch", "static", "static-soft", "posthoc", "posthoc-recovered", "posthoc-recovered-1ep", "ladder",
+             "budgetformer", "capped-routing"]
     assert METHOD_ORDER == order
     methods = [e["method"] for e in aggregate(OLD + NEW)]
     assert methods == sorted(methods, key=order.index)

@@ -10,6 +10,9 @@ Definition (all choices configurable in :class:`SyntheticConfig`):
   occurrences included) at random positions; all other positions hold random distractors.
 * The label is ``(v_1 + ... + v_m) mod n_classes`` (with the defaults, one marker and
   ``n_values == n_classes``: the label is the marked value).
+* ``mixed_markers``: each sequence draws its number of markers m uniformly from
+  1..``n_markers``: a data set of mixed difficulty (more markers = more positions to relate and
+  a sum to form), with the difficulty of an input readable from its ids (the MARK count).
 
 Because every sequence holds the same multiset of value and marker tokens, a bag-of-tokens
 classifier is at chance *by construction* (tested); the model must relate the marker to its
@@ -45,6 +48,7 @@ class SyntheticConfig:
     n_markers: int = 1
     n_classes: int = 4
     label_noise: float = 0.0
+    mixed_markers: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n_train", "n_val", "n_test", "seq_len", "n_values", "n_markers", "n_classes"):
@@ -64,6 +68,8 @@ class SyntheticConfig:
             )
         if not 0.0 <= self.label_noise < 1.0:
             raise ConfigError(f"data.label_noise must be in [0, 1), got {self.label_noise!r}")
+        if not isinstance(self.mixed_markers, bool):
+            raise ConfigError(f"data.mixed_markers must be true or false, got {self.mixed_markers!r}")
 
     @property
     def vocab_size(self) -> int:
@@ -73,7 +79,8 @@ class SyntheticConfig:
 def _sequence(cfg: SyntheticConfig, rng: random.Random) -> tuple[list[int], int]:
     """One body of ``seq_len`` tokens and its clean label."""
     # Non-adjacent marker slots in [0, T-1): choose m of T - m, sort, add offsets 0..m-1.
-    slots = sorted(rng.sample(range(cfg.seq_len - cfg.n_markers), cfg.n_markers))
+    n_markers = rng.randint(1, cfg.n_markers) if cfg.mixed_markers else cfg.n_markers
+    slots = sorted(rng.sample(range(cfg.seq_len - n_markers), n_markers))
     markers = [slot + offset for offset, slot in enumerate(slots)]
     marked_values = [rng.randrange(cfg.n_values) for _ in markers]
     body = [-1] * cfg.seq_len
@@ -89,6 +96,11 @@ def _sequence(cfg: SyntheticConfig, rng: random.Random) -> tuple[list[int], int]
     first_distractor = _FIRST_VALUE_ID + cfg.n_values
     body = [t if t != -1 else first_distractor + rng.randrange(cfg.n_distractors) for t in body]
     return body, sum(marked_values) % cfg.n_classes
+
+
+def marker_counts(input_ids: torch.Tensor) -> torch.Tensor:
+    """Markers per sequence, (N,) long: the difficulty of an input under ``mixed_markers``."""
+    return (input_ids == MARK_ID).sum(dim=1)
 
 
 def _generate(cfg: SyntheticConfig, count: int, rng: random.Random, noisy: bool) -> Split:

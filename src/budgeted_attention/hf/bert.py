@@ -57,14 +57,19 @@ class PrefixInputLinear(nn.Linear):
     """
 
     active_in: int | None = None
+    # Input columns of a per-input router's single head set (gathered), set per forward pass.
+    input_index: torch.Tensor | None = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PrefixInputLinear:
         linear.__class__ = cls  # keep the parameters (and their state-dict names) as they are
         linear.active_in = None
+        linear.input_index = None
         return linear  # type: ignore[return-value]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_index is not None:
+            return F.linear(x, self.weight.index_select(1, self.input_index), self.bias)
         if self.active_in is None or self.active_in == self.in_features:
             return super().forward(x)
         return F.linear(x, self.weight[:, : self.active_in], self.bias)
@@ -84,27 +89,69 @@ class GatedBertSelfAttention(nn.Module):
         self.query, self.key, self.value = source.query, source.key, source.value
         self.dropout_p = source.dropout.p
         self.scaling = source.scaling
-        self.head_gates: torch.Tensor | None = None  # (active_heads,), set by GatedBertClassifier per forward
+        # Set by GatedBertClassifier per forward: float gates (active_heads,) or (batch, active_heads);
+        # or a boolean (batch, active_heads) per-input selection (computed per group of inputs).
+        self.head_gates: torch.Tensor | None = None
+        # A single selected head set (1-D long positions) for the whole batch: gathered weights.
+        self.head_index: torch.Tensor | None = None
 
-    def _project(self, linear: nn.Linear, x: torch.Tensor, width: int) -> torch.Tensor:
+    def _project(self, linear: nn.Linear, x: torch.Tensor, width: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+        if rows is not None:
+            return F.linear(x, linear.weight.index_select(0, rows), linear.bias.index_select(0, rows))
         if width == linear.out_features:
             return linear(x)
         return F.linear(x, linear.weight[:width], linear.bias[:width])
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_: object):
+        if self.head_index is not None:
+            return self._context(hidden_states, attention_mask, self.head_index), None
+        if self.head_gates is not None and self.head_gates.dtype == torch.bool:
+            return self._selected_context(hidden_states, attention_mask, self.head_gates), None
+        return self._context(hidden_states, attention_mask, None, self.head_gates), None
+
+    def _rows(self, heads: torch.Tensor) -> torch.Tensor:
+        """Projection rows (= output-projection columns) of the physical heads ``heads``."""
+        hd = self.head_dim
+        return (heads.view(-1, 1) * hd + torch.arange(hd, device=heads.device)).flatten()
+
+    def _context(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, heads: torch.Tensor | None,
+        gates: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(batch, seq, n * head_dim) context of the active prefix (``heads`` None) or of the heads at
+        positions ``heads``."""
         batch, seq, _ = hidden_states.shape
-        n, hd = self.active_heads, self.head_dim
+        n, hd = (self.active_heads if heads is None else int(heads.numel())), self.head_dim
         if n == 0:
-            return hidden_states.new_zeros(batch, seq, 0), None
-        q = self._project(self.query, hidden_states, n * hd).view(batch, seq, n, hd).transpose(1, 2)
-        k = self._project(self.key, hidden_states, n * hd).view(batch, seq, n, hd).transpose(1, 2)
-        v = self._project(self.value, hidden_states, n * hd).view(batch, seq, n, hd).transpose(1, 2)
+            return hidden_states.new_zeros(batch, seq, 0)
+        rows = None if heads is None else self._rows(heads)
+        q = self._project(self.query, hidden_states, n * hd, rows).view(batch, seq, n, hd).transpose(1, 2)
+        k = self._project(self.key, hidden_states, n * hd, rows).view(batch, seq, n, hd).transpose(1, 2)
+        v = self._project(self.value, hidden_states, n * hd, rows).view(batch, seq, n, hd).transpose(1, 2)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attention_mask, dropout_p=self.dropout_p if self.training else 0.0, scale=self.scaling
         )  # (B, n, T, hd)
-        if self.head_gates is not None:
-            y = y * self.head_gates.to(y.dtype).view(1, n, 1, 1)
-        return y.transpose(1, 2).reshape(batch, seq, n * hd), None
+        if gates is not None:
+            y = y * gates.to(y.dtype).view(-1, n, 1, 1)
+        return y.transpose(1, 2).reshape(batch, seq, n * hd)
+
+    def _selected_context(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, selected: torch.Tensor) -> torch.Tensor:
+        """Per-input head sets: each group of inputs sharing a set computes its heads only; the
+        context is scattered into the full active width (zeros for unselected heads), because the
+        output projection runs once for the whole batch."""
+        batch, seq, _ = hidden_states.shape
+        hd = self.head_dim
+        out = hidden_states.new_zeros(batch, seq, self.active_heads * hd)
+        patterns, inverse = torch.unique(selected, dim=0, return_inverse=True)
+        for group, pattern in enumerate(patterns):
+            heads = pattern.nonzero().flatten()
+            if heads.numel() == 0:
+                continue
+            rows = (inverse == group).nonzero().flatten()
+            mask = None if attention_mask is None else attention_mask.index_select(0, rows)
+            context = self._context(hidden_states.index_select(0, rows), mask, heads)
+            out.index_put_((rows.view(-1, 1, 1), torch.arange(seq).view(1, -1, 1), self._rows(heads).view(1, 1, -1)), context)
+        return out
 
     @torch.no_grad()
     def keep_heads(self, positions: list[int], output_dense: nn.Linear) -> None:
@@ -163,6 +210,7 @@ class GatedBertClassifier(GatedModel):
     """A transformers sequence classifier of the BERT family with budget gates over its (layer, head) grid."""
 
     family = "bert"
+    supports_routing = True
 
     def __init__(
         self,
@@ -216,16 +264,24 @@ class GatedBertClassifier(GatedModel):
             token_type_ids: optional (batch, seq) segment ids (sentence pairs).
             budget: budget in (0, 1]; gates: explicit full-grid gates (tensor or :class:`UnitGates`).
         """
+        budget, gates = self.routed_gates(input_ids, attention_mask, budget, gates)
         head_gates, group_gates = self.layer_unit_gates(budget, gates)
-        for layer, attention in enumerate(self.attentions):
-            attention.head_gates = None if head_gates is None else head_gates[layer]
+        for layer, (attention, dense) in enumerate(zip(self.attentions, self.output_denses)):
+            layer_gates = None if head_gates is None else head_gates[layer]
+            if layer_gates is not None and layer_gates.dtype == torch.bool:
+                patterns = layer_gates if layer_gates.shape[0] == 1 else torch.unique(layer_gates, dim=0)
+                if patterns.shape[0] == 1:  # one head set for the whole batch: gather, compute it only
+                    attention.head_index = patterns[0].nonzero().flatten()
+                    dense.input_index = attention._rows(attention.head_index)
+                    continue
+            attention.head_gates = layer_gates
         for layer, module in enumerate(self.intermediates):
             module.group_gates = None if group_gates is None else group_gates[layer]
         try:
             return self.hf(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
         finally:
-            for attention in self.attentions:
-                attention.head_gates = None
+            for attention, dense in zip(self.attentions, self.output_denses):
+                attention.head_gates = attention.head_index = dense.input_index = None
             for module in self.intermediates:
                 module.group_gates = None
 
@@ -234,6 +290,9 @@ class GatedBertClassifier(GatedModel):
     @property
     def max_len(self) -> int:
         return bert_max_len(self.hf.config)
+
+    def input_embedding(self) -> nn.Embedding:
+        return self.hf.get_input_embeddings()
 
     def _physical_keep(self, positions: list[list[int]]) -> None:
         for attention, dense, layer_positions in zip(self.attentions, self.output_denses, positions):

@@ -76,22 +76,39 @@ class GatedSelfAttention(nn.Module):
         Args:
             x: (batch, seq, d_model) hidden states.
             attn_mask: None, or boolean (batch, 1, 1, seq) with True where keys may be attended.
-            head_gates: None (no gating: the fast dense path), or (active_heads,) gate values of the
-                heads this forward pass runs.
+            head_gates: None (no gating: the fast dense path); float gate values of the heads this
+                forward pass runs, (active_heads,) or per input (batch, active_heads); or a boolean
+                (batch, active_heads) selection per input: only the selected heads are computed
+                (inputs grouped by head set), as a per-input router's hard decision.
 
         Returns:
             (batch, seq, d_model) attention output, before the residual add.
         """
+        if head_gates is not None and head_gates.dtype == torch.bool:
+            return self._forward_selected(x, attn_mask, head_gates)
         n = self.active_heads
-        batch, seq, _ = x.shape
         if n == 0:
-            return self.out_bias.expand(batch, seq, self.d_model)
+            return self.out_bias.expand(x.shape[0], x.shape[1], self.d_model)
         hd = self.head_dim
         if n == self.n_heads:  # every stored head: no slicing views on the dense path
-            qkv_weight, qkv_bias, out_weight_t = self.qkv_weight, self.qkv_bias, self.out_weight_t
+            weights = self.qkv_weight, self.qkv_bias, self.out_weight_t
         else:
-            qkv_weight, qkv_bias = self.qkv_weight[: n * 3 * hd], self.qkv_bias[: n * 3 * hd]
-            out_weight_t = self.out_weight_t[: n * hd]
+            weights = self.qkv_weight[: n * 3 * hd], self.qkv_bias[: n * 3 * hd], self.out_weight_t[: n * hd]
+        return self._attend(x, attn_mask, n, *weights, head_gates)
+
+    def _attend(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        n: int,
+        qkv_weight: torch.Tensor,
+        qkv_bias: torch.Tensor,
+        out_weight_t: torch.Tensor,
+        head_gates: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention of ``n`` heads whose weights are given (rows as in the stored layout)."""
+        batch, seq, _ = x.shape
+        hd = self.head_dim
         qkv = F.linear(x, qkv_weight, qkv_bias)
         qkv = qkv.view(batch, seq, n, 3, hd).permute(3, 0, 2, 1, 4)  # (3, B, n, T, hd)
         q, k, v = qkv.unbind(0)
@@ -107,10 +124,41 @@ class GatedSelfAttention(nn.Module):
             q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
         )  # (B, n, T, hd)
         if head_gates is not None:
-            y = y * head_gates.to(y.dtype).view(1, n, 1, 1)
+            y = y * head_gates.to(y.dtype).view(-1, n, 1, 1)
         y = y.transpose(1, 2).reshape(batch * seq, n * hd)
         out = torch.addmm(self.out_bias, y, out_weight_t)
         return out.view(batch, seq, self.d_model)
+
+    def _forward_heads(self, x: torch.Tensor, attn_mask: torch.Tensor | None, heads: torch.Tensor) -> torch.Tensor:
+        """Attention of the physical heads at positions ``heads`` (1-D long) only: their weight rows
+        are gathered (a copy of 1/seq of the work it saves)."""
+        n = int(heads.numel())
+        if n == 0:
+            return self.out_bias.expand(x.shape[0], x.shape[1], self.d_model)
+        if n == self.n_heads:
+            return self._attend(x, attn_mask, n, self.qkv_weight, self.qkv_bias, self.out_weight_t)
+        hd = self.head_dim
+        qkv_weight = self.qkv_weight.view(self.n_heads, 3 * hd, self.d_model).index_select(0, heads).view(n * 3 * hd, self.d_model)
+        qkv_bias = self.qkv_bias.view(self.n_heads, 3 * hd).index_select(0, heads).view(-1)
+        out_weight_t = self.out_weight_t.view(self.n_heads, hd, self.d_model).index_select(0, heads).view(n * hd, self.d_model)
+        return self._attend(x, attn_mask, n, qkv_weight, qkv_bias, out_weight_t)
+
+    def _forward_selected(self, x: torch.Tensor, attn_mask: torch.Tensor | None, selected: torch.Tensor) -> torch.Tensor:
+        """Per-input head sets: ``selected`` (batch, active_heads) boolean. Inputs sharing a head
+        set run together; each group computes its heads only."""
+        if selected.shape != (x.shape[0], self.active_heads):
+            raise ValueError(f"head selection must have shape ({x.shape[0]}, {self.active_heads}), got {tuple(selected.shape)}")
+        if selected.shape[0] == 1:  # one input (the serving case): no grouping work
+            return self._forward_heads(x, attn_mask, selected[0].nonzero().flatten())
+        patterns, inverse = torch.unique(selected, dim=0, return_inverse=True)
+        if patterns.shape[0] == 1:
+            return self._forward_heads(x, attn_mask, patterns[0].nonzero().flatten())
+        out = x.new_empty(x.shape[0], x.shape[1], self.d_model)
+        for group, pattern in enumerate(patterns):
+            rows = (inverse == group).nonzero().flatten()
+            mask = None if attn_mask is None else attn_mask.index_select(0, rows)
+            out[rows] = self._forward_heads(x.index_select(0, rows), mask, pattern.nonzero().flatten())
+        return out
 
     @torch.no_grad()
     def keep_heads(self, heads: list[int]) -> None:

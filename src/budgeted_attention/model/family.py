@@ -29,6 +29,7 @@ from torch import nn
 from budgeted_attention.budget import validate_budget
 from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.gates import BudgetGates, UnitGates, as_unit_gates
+from budgeted_attention.model.router import HeadRouter, RouterConfig, pooled_embeddings
 
 
 def identity_head_ids(n_layers: int, n_heads: int) -> list[list[int]]:
@@ -63,6 +64,8 @@ class GatedModel(nn.Module):
     """
 
     family: ClassVar[str] = ""
+    # Families whose forward pass consults a per-input head router (:meth:`routed_gates`).
+    supports_routing: ClassVar[bool] = False
 
     def _init_heads(
         self,
@@ -99,6 +102,7 @@ class GatedModel(nn.Module):
             )
         self._active_groups = [len(g) for g in self.group_ids]
         self._group_index: list[torch.Tensor] | None = None
+        self.router: HeadRouter | None = None
 
     # ------------------------------------------------------------------ shape
 
@@ -169,11 +173,13 @@ class GatedModel(nn.Module):
         return self.cost_model(seq_len).unit_costs(self.group_size if self.has_ffn_units else 0)
 
     def _check_gates(self, gates: UnitGates) -> None:
-        if tuple(gates.heads.shape) != (self.n_layers, self.n_heads):
+        if tuple(gates.heads.shape[-2:]) != (self.n_layers, self.n_heads) or gates.heads.ndim not in (2, 3):
             raise ValueError(
-                f"gates must have the full-grid shape ({self.n_layers}, {self.n_heads}) even for a pruned model, "
-                f"got {tuple(gates.heads.shape)}"
+                f"gates must have the full-grid shape ({self.n_layers}, {self.n_heads}) even for a pruned model "
+                f"(or (batch, {self.n_layers}, {self.n_heads}) per input), got {tuple(gates.heads.shape)}"
             )
+        if gates.heads.ndim == 3 and gates.ffn is not None:
+            raise ValueError("per-input gates cover heads only; FFN group gates must be None")
         if gates.ffn is not None:
             if not self.has_ffn_units:
                 raise ValueError("FFN gates given, but this model's feed-forward blocks are not gated (ffn_group_size 0)")
@@ -215,6 +221,12 @@ class GatedModel(nn.Module):
 
     @staticmethod
     def _reindex(matrix: torch.Tensor, index: list[torch.Tensor], identity: bool) -> list[torch.Tensor]:
+        """Per layer, the gates of the active physical units: (units,) from a (layers, units) grid,
+        or (batch, units) from per-input (batch, layers, units) gates."""
+        if matrix.ndim == 3:
+            if identity:
+                return list(matrix.unbind(1))
+            return [matrix[:, layer].index_select(-1, ids.to(matrix.device)) for layer, ids in enumerate(index)]
         if identity:
             return list(matrix.unbind(0))
         return [matrix[layer].index_select(0, ids.to(matrix.device)) for layer, ids in enumerate(index)]
@@ -238,6 +250,41 @@ class GatedModel(nn.Module):
         for layer, ids in enumerate(self.active_group_ids()):
             groups[layer, ids] = 1.0
         return UnitGates(self.full_grid_mask(), groups)
+
+    # ------------------------------------------------------------------ per-input routing
+
+    def attach_router(self, cfg: RouterConfig) -> HeadRouter:
+        """Give the model a per-input head router (BudgetFormer, or its budget-capped variant) on its
+        full (n_layers, n_heads) grid; returns it. Only on the unpruned layout: the router's choices
+        are per input, so the model keeps every head."""
+        if not self.supports_routing:
+            raise ValueError(f"the {self.family} family has no per-input head routing (encoder and bert families have)")
+        if self.is_pruned:
+            raise ValueError("attach a head router to the unpruned model: per-input routing needs every head")
+        self.router = HeadRouter(self.input_embedding().embedding_dim, self.n_layers, self.n_heads, cfg)
+        return self.router
+
+    def routed_gates(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        budget: float | None,
+        gates: torch.Tensor | UnitGates | None,
+    ) -> tuple[float | None, torch.Tensor | UnitGates | None]:
+        """The (budget, gates) a family's forward pass uses: unchanged without a router or with
+        explicit gates; otherwise the router's per-input gates (batch, n_layers, n_heads) (boolean in
+        eval mode: only the selected heads are computed) and no budget. A capped router at b = 1
+        is the dense model."""
+        if self.router is None or gates is not None:
+            return budget, gates
+        if self.router.cfg.mode == "capped" and (budget is None or validate_budget(budget) == 1.0):
+            return None, None
+        pooled = pooled_embeddings(self.input_embedding(), input_ids, attention_mask)
+        return None, self.router.decide(pooled, budget)
+
+    def input_embedding(self) -> nn.Embedding:  # pragma: no cover - abstract
+        """Family hook: the token embedding table (the router pools it over the input)."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ surgery and slicing
 
@@ -382,9 +429,9 @@ class GatedModel(nn.Module):
 
     def auxiliary_loss(self) -> torch.Tensor | None:
         """Loss terms the model's own modules produced in training forward passes since the last
-        call (e.g. Meta-Attention's weighted KL), then cleared; None when there are none.
-        The training stages add it to every step's loss."""
-        return None
+        call (e.g. Meta-Attention's weighted KL, the head router's entropy and budget hinge), then
+        cleared; None when there are none. The training stages add it to every step's loss."""
+        return None if self.router is None else self.router.take_loss()
 
     def describe(self) -> dict[str, Any]:  # pragma: no cover - abstract
         """JSON-serialisable architecture (including ``head_ids``) that :meth:`from_description` rebuilds."""

@@ -197,6 +197,9 @@ class BlockStack(GatedModel):
     def max_len(self) -> int:
         return self.config.max_len
 
+    def input_embedding(self) -> nn.Embedding:
+        return self.token_embedding
+
     def _physical_keep(self, positions: list[list[int]]) -> None:
         for block, layer_positions in zip(self.blocks, positions):
             block.attn.keep_heads(layer_positions)
@@ -253,6 +256,7 @@ class EncoderClassifier(BlockStack):
     """
 
     family = "encoder"
+    supports_routing = True
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -293,6 +297,7 @@ class EncoderClassifier(BlockStack):
         sdpa_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             sdpa_mask = attention_mask.bool().view(batch, 1, 1, seq)
+        budget, gates = self.routed_gates(input_ids, attention_mask, budget, gates)
         x = self._hidden_states(input_ids, token_type_ids, sdpa_mask, budget, gates)
         return self.classifier(self.pool(x, attention_mask))
 

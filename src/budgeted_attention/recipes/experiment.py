@@ -76,6 +76,7 @@ from budgeted_attention.data.text import TextDataConfig, make_text_splits
 from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
 from budgeted_attention.model.config import MetaConfig, ModelConfig
+from budgeted_attention.model.router import RouterConfig
 from budgeted_attention.model.cost import estimated_cost
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.gates import UnitGates
@@ -95,6 +96,7 @@ from budgeted_attention.reporting.rows import ResultRow
 from budgeted_attention.reporting.summary import headline, headline_markdown
 from budgeted_attention.tasks import CLASSIFY, TASKS, Task
 from budgeted_attention.training.config import TrainConfig
+from budgeted_attention.training.routed import calibrate_router, difficulty_profile, routing_summary, train_routed
 from budgeted_attention.training.stages import seed_everything, train_budgeted, train_dense, train_hard, train_masked
 
 # Benchmark unit name -> the method whose rows get its measured speed.
@@ -103,7 +105,10 @@ BENCH_UNITS = {"bench": "budgeted-hard", "bench-sandwich": "budgeted-hard-sandwi
 ALL_METHODS = [
     "dense", "dense-long", "budgeted", "budgeted-hard", "budgeted-sandwich", "budgeted-hard-sandwich", "budgeted-scratch",
     "static", "static-soft", "posthoc", "posthoc-recovered", "posthoc-recovered-1ep", "ladder",
+    "budgetformer", "capped-routing",
 ]
+# Per-input head routing methods -> router mode (``router:`` config; the method sets the mode).
+ROUTED_METHODS = {"budgetformer": "learned", "capped-routing": "capped"}
 # Model keys a ladder entry may change (``name`` labels its rows: ``ladder (name)`` in tables).
 LADDER_KEYS = ("d_model", "n_layers", "n_heads", "head_dim", "d_ff", "qk_norm", "residual_gate", "name")
 
@@ -125,6 +130,7 @@ class ExperimentConfig:
     ffn_group_size: int = 64
     reference_seq_len: int = 0
     ladder: list[dict[str, Any]] = field(default_factory=list)
+    router: RouterConfig = field(default_factory=RouterConfig)
     model_family: str = "encoder"
     pretrained: PretrainedConfig = field(default_factory=PretrainedConfig)
     data: TextDataConfig = field(default_factory=TextDataConfig)
@@ -165,6 +171,8 @@ class ExperimentConfig:
         self.static_budgets = check_budgets(self.static_budgets, "static_budgets", allow_empty=True)
         if {"static", "static-soft"} & set(self.methods) and not self.static_budgets:
             raise ConfigError("static_budgets must list at least one budget when a static method is run")
+        if set(ROUTED_METHODS) & set(self.methods) and (self.model_family not in ("encoder", "bert") or self.budget_scope != "heads"):
+            raise ConfigError("budgetformer / capped-routing route heads per input: model_family 'encoder' or 'bert' with budget_scope 'heads'")
 
     def _check_ladder(self) -> None:
         if "ladder" not in self.methods:
@@ -206,6 +214,7 @@ _LATER_KEYS = {
     ("model", "ffn_group_size"): 0, ("model", "ffn_group_ids"): [],
     ("notes",): "", ("task",): "classify", ("lm_data",): to_dict(LMDataConfig()), ("model", "qk_norm"): False, ("model", "residual_gate"): False,
     ("model", "attention"): "softmax", ("model", "meta"): to_dict(MetaConfig()), ("model", "positions"): "learned",
+    ("router",): to_dict(RouterConfig()), ("synthetic", "mixed_markers"): False,
 }
 
 
@@ -565,6 +574,53 @@ class Experiment:
         row.variant = entry.get("name")
         return {"rows": [row], "shape": entry, "bench": timed, "loss_curve": log.loss_curve()}
 
+    def _routed(self, seed: int, method: str) -> dict[str, Any]:
+        """Per-input head routing (BudgetFormer: ``learned``; ours: ``capped``) trained from the dense
+        model for the budgeted-hard path's steps, distilling from it; a capped router is calibrated
+        on validation. Rows: test metrics, realised mean cost and heads at each budget."""
+        mode = ROUTED_METHODS[method]
+        dense, description = self._load(seed, "dense")
+        model = copy.deepcopy(dense)
+        model.attach_router(dataclasses.replace(self.cfg.router, mode=mode))
+        log = train_routed(model, self.splits.train, self.cfg.train, seed=seed, steps=self.cfg.path_steps, teacher=dense, desc=method, progress=self.progress, task=self.task)
+        steps = int(description["steps"]) + log.steps
+        budgets: list[float | None] = [None] if mode == "learned" else list(self.cfg.budgets)
+        calibration = calibrate_router(model, self.splits.val, [b for b in budgets if b is not None], batch_size=self.eval_batch) if mode == "capped" else {}
+        save_model(model, self._ckpt(seed, method), method=method, seed=seed, steps=steps)
+        cost = model.cost_model(self._bench_seq())
+        rows, profiles = [], {}
+        for b in budgets:
+            with self.splits.final_evaluation() as test:  # realised cost on test: measured, no choice
+                summary = routing_summary(model, test, cost, budget=b, batch_size=self.eval_batch, task=None)
+                profiles["learned" if b is None else str(b)] = difficulty_profile(summary.heads, dense, test, self.cfg.data.source, self.eval_batch)
+            rows.append(ResultRow(
+                method=method, budget=1.0 if b is None else b, seed=seed, **self._metrics(model, budget=b),
+                cost=summary.cost, cost_kind="routed", steps=steps, mean_heads=summary.mean_heads,
+                ideal_speedup=summary.ideal_speedup, flops_fraction=summary.flops_fraction,
+                variant="learned budget" if b is None else None,
+            ))
+        return {"rows": rows, "calibration": {str(b): d for b, d in calibration.items()}, "difficulty": profiles, "loss_curve": log.loss_curve()}
+
+    def _bench_routed(self, seed: int) -> dict[str, Any]:
+        """Per-input routed models timed on validation inputs against the plain dense reference, at
+        every benchmark batch size (validation: timing inputs are not a choice, and the test split
+        stays sealed)."""
+        from budgeted_attention.benchmark.per_input import bench_per_input  # noqa: PLC0415
+
+        dense, _ = self._load(seed, "dense")
+        reference = dense.plain_reference()
+        rows = []
+        for method, mode in ROUTED_METHODS.items():
+            if method not in self.cfg.methods:
+                continue
+            model, _ = self._load(seed, method)
+            budgets: list[float | None] = [None] if mode == "learned" else [b for b in self.cfg.budgets if b < 1.0]
+            for batch_size in self.cfg.bench.batch_sizes:
+                inputs = max(32, 4 * batch_size)
+                batches = [(ids, mask) for ids, mask, _ in self.splits.val.batches(batch_size)][: max(1, inputs // batch_size)]
+                rows += bench_per_input(model, reference, batches, budgets, self.cfg.bench, method=method)
+        return {"bench": {"rows": rows}}
+
     # ---------------------------------------------------------------- driver
 
     def plan(self) -> list[tuple[int, str, Callable[[], dict[str, Any]]]]:
@@ -602,6 +658,11 @@ class Experiment:
             if "ladder" in methods:
                 for index in range(len(self.cfg.ladder)):
                     units.append((seed, f"ladder-{index}", lambda s=seed, i=index: self._ladder(s, i)))
+            routed = [m for m in ROUTED_METHODS if m in methods]
+            for method in routed:
+                units.append((seed, method, lambda s=seed, m=method: self._routed(s, m)))
+            if routed:
+                units.append((seed, "bench-routed", lambda s=seed: self._bench_routed(s)))
         return units
 
     def run(self, finished_only: bool = False) -> dict[str, Any]:
@@ -620,6 +681,8 @@ class Experiment:
                 self.partial = f"PARTIAL RUN: {len(units)} of {len(units) + len(missing)} units finished; missing: {', '.join(missing)}."
         rows: list[dict[str, Any]] = []
         benches: dict[str, dict[int, dict[str, Any]]] = {}
+        routed_benches: dict[int, dict[str, Any]] = {}
+        self.routed_records: dict[str, dict[int, dict[str, Any]]] = {}
         self.curves: dict[str, list[list[float]]] = {}
         bar = tqdm(units, desc=self.cfg.name, disable=not self.progress)
         for index, (seed, name, work) in enumerate(bar):
@@ -632,8 +695,14 @@ class Experiment:
                 self.curves[f"ladder {record['shape'].get('name', name.removeprefix('ladder-'))}, seed {seed}"] = record["loss_curve"]
             if name in BENCH_UNITS:
                 benches.setdefault(BENCH_UNITS[name], {})[seed] = record["bench"]
+            if name == "bench-routed":
+                routed_benches[seed] = record["bench"]
+            if name in ROUTED_METHODS:
+                self.routed_records.setdefault(name, {})[seed] = record
         for method, by_seed in benches.items():
             self._attach_bench(rows, by_seed, method)
+        self._attach_routed_bench(rows, routed_benches)
+        self.routed_benches = routed_benches
         rows = [r for r in rows if r["method"] in self.cfg.methods]
         return self._write_outputs(rows, benches, time.time() - started)
 
@@ -649,6 +718,33 @@ class Experiment:
                     record = ResultRow(**{k: v for k, v in row.items() if k in ResultRow.__dataclass_fields__})
                     record.attach_speed(first[row["budget"]])
                     row.update(record.to_dict())
+
+    def _write_routed_outputs(self) -> None:
+        """``routed.md`` / ``routed.json``: per-input routing speed and heads by difficulty."""
+        benches = getattr(self, "routed_benches", {})
+        records = getattr(self, "routed_records", {})
+        if not benches and not records:
+            return
+        write_json_atomic(self.out / "routed.json", {
+            "bench": {str(seed): bench for seed, bench in benches.items()},
+            "difficulty": {m: {str(seed): r.get("difficulty", {}) for seed, r in by_seed.items()} for m, by_seed in records.items()},
+            "calibration": {m: {str(seed): r.get("calibration", {}) for seed, r in by_seed.items()} for m, by_seed in records.items()},
+        })
+        write_text_atomic(self.out / "routed.md", f"# Per-input head routing: {self.cfg.name}\n\n" + routed_markdown(benches, records))
+
+    def _attach_routed_bench(self, rows: list[dict[str, Any]], benches: dict[int, dict[str, Any]]) -> None:
+        """Measured speed at the first benchmark batch size onto each seed's routed rows."""
+        first_batch = self.cfg.bench.batch_sizes[0]
+        for seed, bench in benches.items():
+            timed = {(r["method"], r["budget"]): r for r in bench["rows"] if r["batch_size"] == first_batch}
+            for row in rows:
+                entry = timed.get((row["method"], row["budget"])) if row["seed"] == seed else None
+                if entry is None:
+                    continue
+                record = ResultRow(**{k: v for k, v in row.items() if k in ResultRow.__dataclass_fields__})
+                # The FLOP-ideal of the timed (validation) inputs goes with their measured speed.
+                record.attach_speed(entry)
+                row.update(record.to_dict())
 
     def _source(self) -> str:
         if self.cfg.task == "lm":
@@ -686,6 +782,7 @@ class Experiment:
         if getattr(self, "curves", None):
             ylabel = "training loss (nats/token)" if self.cfg.task == "lm" else "training loss"
             plot_training_curves(self.curves, self.out / "training_curves.png", f"{self.cfg.name}: training from initialisation", ylabel)
+        self._write_routed_outputs()
         for method, by_seed in benches.items():
             first = by_seed[min(by_seed)]
             stem = "bench" if method == "budgeted-hard" else f"bench-{method.removeprefix('budgeted-hard-')}"
@@ -696,6 +793,36 @@ class Experiment:
         self.log(notes)
         self.log(f"run directory: {self.out}")
         return {"rows": rows, "table": table, "bench": benches}
+
+
+def routed_markdown(benches: dict[int, dict[str, Any]], records: dict[str, dict[int, dict[str, Any]]]) -> str:
+    """Per-input routing section: measured speed per seed and setting, and heads by input difficulty."""
+    from budgeted_attention.benchmark.per_input import per_input_markdown  # noqa: PLC0415
+
+    parts = []
+    for seed in sorted(benches):
+        parts.append(f"### Measured speed, seed {seed} (validation inputs, interleaved with the plain dense reference)\n\n" + per_input_markdown(benches[seed]["rows"]))
+    for method, by_seed in records.items():
+        for seed in sorted(by_seed):
+            for budget, profile in by_seed[seed].get("difficulty", {}).items():
+                parts.append(f"### Heads by input difficulty: {method}, budget {budget}, seed {seed} (test split)\n\n" + difficulty_markdown(profile))
+    return "\n".join(parts)
+
+
+def difficulty_markdown(profile: dict[str, Any]) -> str:
+    """Markdown of a :func:`difficulty_profile`: mean heads per difficulty bin."""
+    lines = [f"Spearman correlation of heads with the dense model's loss: {profile['spearman_dense_loss']:+.3f}"]
+    if "spearman_markers" in profile:
+        lines.append(f"; with the number of markers: {profile['spearman_markers']:+.3f}")
+    lines = ["".join(lines) + "\n"]
+    for key, title in (("by_markers", "markers in the input"), ("by_dense_loss", "dense model's loss quartile")):
+        bins = profile.get(key)
+        if not bins:
+            continue
+        lines += [f"| {title} | inputs | mean heads | dense accuracy % |", "|---|---:|---:|---:|"]
+        lines += [f"| {b['bin']} | {b['count']} | {b['mean_heads']:.2f} | {100 * b['dense_accuracy']:.1f} |" for b in bins]
+        lines.append("")
+    return "\n".join(lines) + "\n"
 
 
 def run_experiment(

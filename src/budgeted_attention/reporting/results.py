@@ -32,12 +32,12 @@ METHOD_ORDER = [
     "budgeted", "budgeted-hard", "budgeted-sandwich", "budgeted-hard-sandwich", "budgeted-scratch",
     "static", "static-soft",
     "posthoc", "posthoc-recovered", "posthoc-recovered-1ep",
-    "ladder",
+    "ladder", "budgetformer", "capped-routing",
 ]
 _MEAN_FIELDS = [
     "accuracy", "val_accuracy", "cost", "estimated_cost", "steps", "accuracy_before_adaptation", "heads_kept",
     "latency_ms", "speedup", "ideal_speedup", "transformers_speedup", "plain_speedup",
-    "loss", "val_loss", "perplexity", "loss_before_adaptation",
+    "loss", "val_loss", "perplexity", "loss_before_adaptation", "mean_heads",
 ]
 
 
@@ -60,13 +60,15 @@ def metric_of(entries: list[dict[str, Any]]) -> MetricSpec:
     """Loss (language models) when the rows or aggregates carry a loss and no accuracy, else accuracy."""
     has = lambda key: any(_is_number(e.get(key)) or f"{key}_mean" in e for e in entries)  # noqa: E731
     return LOSS_METRIC if has("loss") and not has("accuracy") else ACCURACY_METRIC
-COST_KINDS = ("soft-estimate", "kept-heads", "smaller-dense", "dense")
+COST_KINDS = ("soft-estimate", "kept-heads", "smaller-dense", "routed", "dense")
 SOFT_MARK = "~"
 COST_LEGEND = (
     f"Cost: fraction of the dense model's budgeted FLOPs (attention heads; with `budget_scope: all`, heads and "
     f"feed-forward blocks). `{SOFT_MARK}` marks a soft-gate estimate C(b) "
     "(expected cost of the soft gates, no head removed); unmarked: kept-head fraction of the hard-masked / "
-    "pruned model, or 1 for dense; `ladder` rows: a separately trained smaller dense model, cost = its forward FLOPs over the full model's."
+    "pruned model, or 1 for dense; `ladder` rows: a separately trained smaller dense model, cost = its forward FLOPs over the full model's; "
+    "`budgetformer` / `capped-routing` rows: per-input head routing, cost = mean fraction of heads the test inputs ran "
+    "(only those heads computed)."
 )
 
 

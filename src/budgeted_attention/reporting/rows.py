@@ -14,8 +14,10 @@ from typing import Any
 # and kept FFN groups under budget_scope all) and "smaller-dense" rows separately trained smaller
 # models (the ladder; cost = their FLOPs over the full model's): both have measurable speed. Soft
 # estimates never enter a speed comparison.
-COST_KINDS = ("dense", "soft-estimate", "kept-heads", "smaller-dense")
-MEASURABLE_KINDS = ("kept-heads", "smaller-dense")
+# "routed" rows are per-input head routing (BudgetFormer / capped): cost = the mean fraction of
+# heads the inputs of the test split ran, each computing its selected heads only.
+COST_KINDS = ("dense", "soft-estimate", "kept-heads", "smaller-dense", "routed")
+MEASURABLE_KINDS = ("kept-heads", "smaller-dense", "routed")
 
 
 @dataclass
@@ -53,6 +55,7 @@ class ResultRow:
             method and different variants are aggregated apart, as ``method (variant)``.
         routing: Meta-Attention models: routing statistics on the test split
             (:func:`budgeted_attention.training.routing.routing_statistics`).
+        mean_heads: per-input routing rows: mean heads per layer an input ran (test split).
     """
 
     method: str
@@ -88,6 +91,7 @@ class ResultRow:
     flops_fraction: float | None = None
     routing: dict[str, Any] | None = None
     variant: str | None = None
+    mean_heads: float | None = None
 
     def __post_init__(self) -> None:
         if self.cost_kind not in COST_KINDS:

@@ -1,0 +1,284 @@
+"""Per-input head allocation (BudgetFormer, arXiv 2604.22583) and its budget-capped variant.
+
+A :class:`HeadRouter` attached to any :class:`~budgeted_attention.model.family.GatedModel`
+decides, for each input, how many heads every layer runs and which:
+
+* a **budget controller** (two-layer MLP on the mean-pooled token embeddings) gives a head
+  fraction s per input; k = ceil(s * H) heads run in every layer;
+* a **head scorer** (one linear layer on the same pooled vector) gives relevance logits per
+  (layer, head); the top-k heads of each layer run.
+
+Training follows BudgetFormer's schedule: an **exploration** phase with noise on the scores and a
+temperature-annealed soft top-k (:meth:`HeadRouter._soft_top_k`: differentiable ranks, a soft
+cut at s * H), then an **exploitation** phase with the hard top-k mask in the forward pass and
+the soft gates' gradient (straight-through). Regularisers (:meth:`HeadRouter.take_loss`): an entropy term on the head
+distribution (low entropy = decisive selection) and a hinge on the budget.
+
+Two modes (``router.mode``):
+
+* ``learned`` (BudgetFormer): s = s_min + (s_max - s_min) * sigmoid(MLP(x)), clamped to
+  [0.1, 0.9] by default; the hinge max(0, mean(s) - target) bounds the learned mean budget.
+  There is no budget knob: the model chooses.
+* ``capped`` (ours): the caller's budget b enters as s = sigmoid(MLP(x) + logit(b) + delta(b));
+  budgets are sampled per step as in BAA and the hinge max(0, mean_batch(s) - b) keeps the
+  batch's mean fraction under b while hard inputs may take more heads than easy ones. The
+  offset delta(b) is calibrated on validation data (:meth:`HeadRouter.calibrate`) so that the
+  realised mean cost, with k rounded up, is at most b.
+
+At evaluation the router returns boolean (batch, n_layers, n_heads) masks; the families execute
+only the selected heads (grouping the inputs of a batch by their head set per layer), so the
+saving is real, not masked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from budgeted_attention.budget import validate_budget
+from budgeted_attention.config import check_float, check_int
+from budgeted_attention.errors import ConfigError
+
+ROUTER_MODES = ("learned", "capped")
+
+
+@dataclass
+class RouterConfig:
+    """Per-input head allocation (``router:`` in an experiment config).
+
+    Attributes:
+        mode: ``learned`` (BudgetFormer: the model picks its own budget) or ``capped`` (the
+            caller's budget bounds the mean per-input cost).
+        fraction_min, fraction_max: clamp of the learned head fraction s (``learned`` only;
+            BudgetFormer's [0.1, 0.9]).
+        hidden: hidden units of the budget controller.
+        temperature_start, temperature_end: softmax temperature of the head scores, annealed
+            linearly over the exploration phase (then held at the end value).
+        noise: scale of the Gumbel noise added to the scores during exploration.
+        explore_fraction: share of the routing stage's steps spent exploring (soft gates); the
+            rest exploit (hard top-k forward, straight-through gradient).
+        count_temperature: softness, in heads, of the soft top-k's cut at s * H.
+        entropy_weight: weight of the mean normalised entropy of the head distribution.
+        hinge_weight: weight of the budget hinge.
+        target: the learned mode's hinge target for the batch-mean fraction.
+    """
+
+    mode: str = "learned"
+    fraction_min: float = 0.1
+    fraction_max: float = 0.9
+    hidden: int = 64
+    temperature_start: float = 1.0
+    temperature_end: float = 0.1
+    noise: float = 1.0
+    explore_fraction: float = 0.5
+    count_temperature: float = 0.5
+    entropy_weight: float = 0.01
+    hinge_weight: float = 1.0
+    target: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.mode not in ROUTER_MODES:
+            raise ConfigError(f"router.mode must be one of {', '.join(ROUTER_MODES)}, got {self.mode!r}")
+        self.fraction_min = check_float(self.fraction_min, "router.fraction_min", gt=0.0, le=1.0)
+        self.fraction_max = check_float(self.fraction_max, "router.fraction_max", gt=0.0, le=1.0)
+        if self.fraction_min > self.fraction_max:
+            raise ConfigError(f"router.fraction_min ({self.fraction_min}) must not exceed router.fraction_max ({self.fraction_max})")
+        check_int(self.hidden, "router.hidden", ge=1)
+        self.temperature_start = check_float(self.temperature_start, "router.temperature_start", gt=0.0)
+        self.temperature_end = check_float(self.temperature_end, "router.temperature_end", gt=0.0)
+        self.noise = check_float(self.noise, "router.noise", ge=0.0)
+        self.explore_fraction = check_float(self.explore_fraction, "router.explore_fraction", ge=0.0, le=1.0)
+        self.count_temperature = check_float(self.count_temperature, "router.count_temperature", gt=0.0)
+        self.entropy_weight = check_float(self.entropy_weight, "router.entropy_weight", ge=0.0)
+        self.hinge_weight = check_float(self.hinge_weight, "router.hinge_weight", ge=0.0)
+        self.target = check_float(self.target, "router.target", gt=0.0, le=1.0)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RouterConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(f"router must be a mapping, got {data!r}")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown router key(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Forward: the exact hard 0/1 mask; backward: the soft gates' gradient (straight-through)."""
+
+    @staticmethod
+    def forward(ctx, hard: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
+        return hard
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, torch.Tensor]:  # noqa: ARG004
+        return None, grad
+
+
+def _logit(p: float) -> float:
+    return math.log(p) - math.log1p(-p)
+
+
+class HeadRouter(nn.Module):
+    """Budget controller + head scorer over a (n_layers, n_heads) grid.
+
+    Call :meth:`decide` with pooled input features; the phase attributes (``temperature``,
+    ``noise``, ``exploit``) are set by the routing training stage and ignored in eval mode.
+    """
+
+    def __init__(self, d_model: int, n_layers: int, n_heads: int, cfg: RouterConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.controller = nn.Sequential(nn.Linear(d_model, cfg.hidden), nn.GELU(), nn.Linear(cfg.hidden, 1))
+        self.scorer = nn.Linear(d_model, n_layers * n_heads)
+        nn.init.zeros_(self.scorer.weight)  # equal scores at the start: exploration decides
+        nn.init.zeros_(self.scorer.bias)
+        with torch.no_grad():  # start near the middle of the fraction range (learned) / at b (capped)
+            self.controller[2].weight.mul_(0.1)
+            self.controller[2].bias.fill_(0.0)
+        self.temperature = cfg.temperature_start
+        self.noise = 0.0
+        self.exploit = False
+        # Calibration of the capped mode: budget -> logit offset, fitted on validation data.
+        self.calibration: dict[float, float] = {}
+        self._pending: list[torch.Tensor] = []
+        self.last_fraction: torch.Tensor | None = None  # (batch,) s of the last decision
+        self.last_heads: torch.Tensor | None = None  # (batch,) heads run per layer (k)
+
+    # ------------------------------------------------------------------ decisions
+
+    def offset(self, budget: float) -> float:
+        """delta(b): the calibrated logit offset, linear in logit(b) between calibrated budgets."""
+        if not self.calibration:
+            return 0.0
+        points = sorted((_logit(min(b, 1 - 1e-6)), d) for b, d in self.calibration.items())
+        x = _logit(min(budget, 1 - 1e-6))
+        if x <= points[0][0]:
+            return points[0][1]
+        for (x0, d0), (x1, d1) in zip(points, points[1:]):
+            if x <= x1:
+                return d0 + (d1 - d0) * (x - x0) / max(x1 - x0, 1e-12)
+        return points[-1][1]
+
+    def fraction(self, pooled: torch.Tensor, budget: float | None, offset: float | None = None) -> torch.Tensor:
+        """Head fraction s per input, shape (batch,), from pooled features (batch, d_model)."""
+        raw = self.controller(pooled).squeeze(-1)
+        if self.cfg.mode == "learned":
+            if budget is not None and validate_budget(budget) != 1.0:
+                raise ValueError(
+                    f"this router learns its own budget (router.mode 'learned'): run it without a budget, got {budget!r}"
+                )
+            lo, hi = self.cfg.fraction_min, self.cfg.fraction_max
+            return lo + (hi - lo) * torch.sigmoid(raw)
+        if budget is None:
+            raise ValueError("a budget-capped router needs the caller's budget b in (0, 1]")
+        b = validate_budget(budget)
+        if b == 1.0:  # logit(1) = inf: every head
+            return torch.ones_like(raw)
+        delta = self.offset(b) if offset is None else offset
+        return torch.sigmoid(raw + _logit(b) + delta)
+
+    def heads_for(self, fraction: torch.Tensor) -> torch.Tensor:
+        """k = ceil(s * H) heads per layer, at least 1: (batch,) long."""
+        if not bool(torch.isfinite(fraction).all()):
+            raise ValueError("the head router produced a non-finite head fraction (diverged training?)")
+        return torch.ceil(fraction.detach() * self.n_heads - 1e-6).clamp(1, self.n_heads).long()
+
+    def decide(self, pooled: torch.Tensor, budget: float | None, offset: float | None = None) -> torch.Tensor:
+        """Per-input head gates, (batch, n_layers, n_heads).
+
+        Training: float gates (soft in exploration, straight-through hard top-k in exploitation),
+        and the regulariser is queued for :meth:`take_loss`. Evaluation: a boolean mask of the
+        top-k heads of every layer.
+        """
+        s = self.fraction(pooled, budget, offset)
+        k = self.heads_for(s)
+        self.last_fraction, self.last_heads = s.detach(), k
+        scores = self.scorer(pooled).view(-1, self.n_layers, self.n_heads)
+        if not self.training:
+            return self._top_k(scores, k)
+        noisy = scores
+        if not self.exploit and self.noise > 0:
+            uniform = torch.rand_like(scores).clamp(1e-9, 1.0 - 1e-9)
+            gumbel = -torch.log(-torch.log(uniform))
+            noisy = scores + self.noise * gumbel
+        probs = F.softmax(noisy / self.temperature, dim=-1)
+        soft = self._soft_top_k(noisy, s)
+        self._queue_loss(probs, s, budget)
+        if not self.exploit:
+            return soft
+        return _StraightThrough.apply(self._top_k(noisy, k).to(soft.dtype), soft)
+
+    def _soft_top_k(self, scores: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """Differentiable top-k gates, (batch, n_layers, n_heads) in (0, 1).
+
+        A head's soft rank is the number of heads scoring above it, sum_j sigmoid((z_j - z_h) / tau)
+        (0 for the best head; the exact rank as tau -> 0), and its gate sigmoid((s * H - rank) /
+        count_temperature): on when rank < s * H, which is exactly the top ceil(s * H). The
+        gradient reaches the scores through the ranks and the fraction s through the boundary
+        heads (min(1, s * H * softmax) would give s no gradient once the softmax is sharp).
+        """
+        pairwise = torch.sigmoid((scores.unsqueeze(-2) - scores.unsqueeze(-1)) / self.temperature)  # [.., h, j]: z_j > z_h
+        rank = pairwise.sum(-1) - 0.5  # the j = h term is sigmoid(0) = 0.5
+        return torch.sigmoid((s.view(-1, 1, 1) * self.n_heads - rank) / self.cfg.count_temperature)
+
+    def _top_k(self, scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Boolean mask of the k[i] highest scores of every layer of input i."""
+        order = scores.argsort(dim=-1, descending=True)
+        rank = torch.empty_like(order)
+        rank.scatter_(-1, order, torch.arange(self.n_heads, device=scores.device).expand_as(order))
+        return rank < k.view(-1, 1, 1)
+
+    def _queue_loss(self, probs: torch.Tensor, s: torch.Tensor, budget: float | None) -> None:
+        cfg = self.cfg
+        entropy = -(probs * probs.clamp_min(1e-9).log()).sum(-1).mean() / math.log(max(self.n_heads, 2))
+        target = cfg.target if cfg.mode == "learned" else validate_budget(budget if budget is not None else 1.0)
+        hinge = F.relu(s.mean() - target)
+        self._pending.append(cfg.entropy_weight * entropy + cfg.hinge_weight * hinge)
+
+    def take_loss(self) -> torch.Tensor | None:
+        """The regularisers queued by training forward passes since the last call, summed; then cleared."""
+        if not self._pending:
+            return None
+        total = torch.stack(self._pending).sum()
+        self._pending = []
+        return total
+
+    # ------------------------------------------------------------------ schedule
+
+    def set_phase(self, step: int, total: int) -> None:
+        """Exploration (noise, annealed temperature) for the first ``explore_fraction`` of
+        ``total`` steps, then exploitation (hard top-k, straight-through)."""
+        cfg = self.cfg
+        explore_steps = int(round(cfg.explore_fraction * total))
+        self.exploit = step >= explore_steps
+        progress = min(1.0, step / max(1, explore_steps))
+        self.temperature = cfg.temperature_start + (cfg.temperature_end - cfg.temperature_start) * progress
+        self.noise = 0.0 if self.exploit else cfg.noise
+
+    # ------------------------------------------------------------------ save / load
+
+    def describe(self) -> dict[str, Any]:
+        return {"config": self.cfg.to_dict(), "calibration": {str(b): d for b, d in sorted(self.calibration.items())}}
+
+    def load_calibration(self, table: dict[str, float]) -> None:
+        self.calibration = {validate_budget(float(b)): float(d) for b, d in table.items()}
+
+
+def pooled_embeddings(embedding: nn.Embedding, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of the token embeddings over real tokens: (batch, seq) -> (batch, d_model)."""
+    x = embedding(input_ids)
+    if attention_mask is None:
+        return x.mean(dim=1)
+    weights = attention_mask.to(x.dtype).unsqueeze(-1)
+    return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)

@@ -1,0 +1,167 @@
+"""Per-input head routing (BudgetFormer / budget-capped): the hard forward computes only the
+selected heads and equals the masked forward; decisions, schedule, checks and save/load."""
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from budgeted_attention.checkpoint import load_model, save_model
+from budgeted_attention.errors import ConfigError
+from budgeted_attention.model.decoder import CausalLM, DecoderConfig
+from budgeted_attention.model.router import HeadRouter, RouterConfig, pooled_embeddings
+from budgeted_attention.model.transformer import EncoderClassifier
+
+from conftest import tiny_config
+
+
+def _routed(mode: str = "capped", seed: int = 0) -> EncoderClassifier:
+    torch.manual_seed(seed)
+    model = EncoderClassifier(tiny_config())
+    router = model.attach_router(RouterConfig(mode=mode))
+    with torch.no_grad():  # distinct scores and fractions per input
+        router.scorer.weight.normal_(std=2.0)
+        router.controller[2].weight.normal_(std=2.0)
+    return model.eval()
+
+
+def _inputs(batch: int = 6, seq: int = 11):
+    ids = torch.randint(0, 29, (batch, seq), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, 6:] = 0
+    mask[3, 2:] = 0
+    return ids, mask
+
+
+def test_hard_routing_equals_the_masked_forward_and_the_per_input_forward():
+    model = _routed("capped")
+    ids, mask = _inputs()
+    with torch.no_grad():
+        selection = model.router.decide(pooled_embeddings(model.token_embedding, ids, mask), 0.5)
+        assert selection.dtype == torch.bool
+        assert len(torch.unique(selection.flatten(1), dim=0)) > 1  # a batch of mixed head sets
+        hard = model(ids, mask, budget=0.5)
+        masked = model(ids, mask, gates=selection.float())
+        assert torch.allclose(hard, masked, atol=1e-5)
+        for i in range(ids.shape[0]):
+            alone = model(ids[i : i + 1], mask[i : i + 1], budget=0.5)
+            assert torch.allclose(alone, hard[i : i + 1], atol=1e-5)
+
+
+def test_selected_heads_are_the_top_k_scores_of_every_layer():
+    model = _routed("learned")
+    ids, mask = _inputs()
+    router = model.router
+    with torch.no_grad():
+        pooled = pooled_embeddings(model.token_embedding, ids, mask)
+        selection = router.decide(pooled, None)
+        scores = router.scorer(pooled).view(-1, router.n_layers, router.n_heads)
+    k = router.last_heads
+    assert torch.equal(selection.sum(-1), k.view(-1, 1).expand(-1, router.n_layers))
+    for i in range(ids.shape[0]):
+        for layer in range(router.n_layers):
+            top = set(scores[i, layer].topk(int(k[i])).indices.tolist())
+            assert set(selection[i, layer].nonzero().flatten().tolist()) == top
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(min_value=0.0, max_value=1.0))
+def test_head_count_is_the_ceiling_of_the_fraction_and_at_least_one(fraction):
+    router = HeadRouter(8, 2, 6, RouterConfig())
+    k = int(router.heads_for(torch.tensor([fraction]))[0])
+    assert 1 <= k <= 6
+    assert k >= fraction * 6 - 1e-5
+
+
+def test_learned_fraction_stays_in_the_published_range():
+    model = _routed("learned")
+    ids, mask = _inputs()
+    with torch.no_grad():
+        pooled = pooled_embeddings(model.token_embedding, ids, mask) * 100
+        s = model.router.fraction(pooled, None)
+    assert bool((s >= 0.1 - 1e-6).all()) and bool((s <= 0.9 + 1e-6).all())
+
+
+def test_capped_router_at_full_budget_is_the_dense_model():
+    model = _routed("capped")
+    ids, mask = _inputs()
+    dense = copy.deepcopy(model)
+    dense.router = None
+    with torch.no_grad():
+        assert torch.equal(model(ids, mask, budget=1.0), dense(ids, mask))
+        assert torch.equal(model(ids, mask), dense(ids, mask))
+
+
+def test_learned_router_refuses_a_budget_and_capped_needs_a_valid_one():
+    learned, capped = _routed("learned"), _routed("capped")
+    ids, mask = _inputs()
+    with pytest.raises(ValueError, match="learns its own budget"):
+        learned(ids, mask, budget=0.5)
+    with pytest.raises(ValueError, match="budget must be a finite number"):
+        capped(ids, mask, budget=1.5)
+
+
+def test_training_mode_queues_the_regulariser_and_the_schedule_switches_to_exploitation():
+    model = _routed("capped").train()
+    ids, mask = _inputs()
+    router = model.router
+    router.set_phase(0, 10)
+    assert not router.exploit and router.noise > 0 and router.temperature == router.cfg.temperature_start
+    soft = router.decide(pooled_embeddings(model.token_embedding, ids, mask), 0.5)
+    assert soft.dtype == torch.float32 and bool((soft <= 1).all())
+    model(ids, mask, budget=0.5)
+    loss = model.auxiliary_loss()
+    assert loss is not None and loss.requires_grad
+    assert model.auxiliary_loss() is None  # cleared
+    router.set_phase(6, 10)
+    assert router.exploit and router.noise == 0 and router.temperature == pytest.approx(router.cfg.temperature_end)
+    hard = router.decide(pooled_embeddings(model.token_embedding, ids, mask), 0.5)
+    assert set(torch.unique(hard.detach()).tolist()) <= {0.0, 1.0}
+    hard.sum().backward()  # straight-through: the hard forward still carries a gradient
+    assert router.scorer.weight.grad is not None
+
+
+def test_router_survives_save_and_load_with_its_calibration(tmp_path):
+    model = _routed("capped")
+    model.router.calibration = {0.25: -1.5, 0.5: 0.25}
+    ids, mask = _inputs()
+    path = save_model(model, tmp_path / "routed")
+    loaded, description = load_model(path)
+    assert description["router"]["config"]["mode"] == "capped"
+    assert loaded.router.calibration == {0.25: -1.5, 0.5: 0.25}
+    with torch.no_grad():
+        assert torch.equal(loaded(ids, mask, budget=0.5), model(ids, mask, budget=0.5))
+
+
+def test_calibration_offset_interpolates_between_calibrated_budgets():
+    router = HeadRouter(8, 2, 4, RouterConfig(mode="capped"))
+    assert router.offset(0.3) == 0.0
+    router.calibration = {0.25: -1.0, 0.75: 1.0}
+    assert router.offset(0.1) == -1.0 and router.offset(0.9) == 1.0
+    assert router.offset(0.5) == pytest.approx(0.0, abs=1e-9)  # logit(0.5) is midway in logit space
+
+
+def test_router_is_refused_where_it_cannot_work():
+    decoder = CausalLM(DecoderConfig(vocab_size=20, d_model=16, n_layers=1, n_heads=2, d_ff=0, max_len=8))
+    with pytest.raises(ValueError, match="no per-input head routing"):
+        decoder.attach_router(RouterConfig())
+    pruned = EncoderClassifier(tiny_config())
+    pruned.keep_heads([[0], [0, 1], [2]])
+    with pytest.raises(ValueError, match="unpruned model"):
+        pruned.attach_router(RouterConfig())
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"mode": "fixed"}, "router.mode"),
+        ({"fraction_min": 0.8, "fraction_max": 0.2}, "fraction_min"),
+        ({"temperature_end": 0}, "router.temperature_end"),
+        ({"colour": 1}, "unknown router key"),
+    ],
+)
+def test_router_config_names_the_bad_value(data, match):
+    with pytest.raises(ConfigError, match=match):
+        RouterConfig.from_dict(data)

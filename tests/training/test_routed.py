@@ -1,0 +1,78 @@
+"""The routing stage, the capped router's calibration on validation data, and routing summaries."""
+
+import copy
+
+import pytest
+import torch
+
+from budgeted_attention.data.synthetic import SyntheticConfig, make_synthetic_splits
+from budgeted_attention.model.config import ModelConfig
+from budgeted_attention.model.router import RouterConfig
+from budgeted_attention.model.transformer import EncoderClassifier
+from budgeted_attention.training.config import TrainConfig
+from budgeted_attention.training.routed import calibrate_router, realised_cost, routing_summary, train_routed, _pooled
+from budgeted_attention.training.stages import seed_everything, train_dense
+
+DATA = SyntheticConfig(n_train=256, n_val=64, n_test=64, seq_len=8, n_distractors=4)
+TRAIN = TrainConfig(dense_steps=20, batch_size=16)
+
+
+def _setup(mode: str):
+    splits = make_synthetic_splits(DATA, 0)
+    cfg = ModelConfig(vocab_size=splits.vocab_size, n_classes=4, max_len=splits.seq_len, d_model=16, n_layers=2, n_heads=4, d_ff=32)
+    seed_everything(0)
+    dense = EncoderClassifier(cfg)
+    train_dense(dense, splits.train, TRAIN, seed=0, progress=False)
+    model = copy.deepcopy(dense)
+    model.attach_router(RouterConfig(mode=mode))
+    return splits, dense, model
+
+
+def test_routing_stage_is_deterministic_and_trains_the_router():
+    states = []
+    for _ in range(2):
+        splits, dense, model = _setup("capped")
+        before = copy.deepcopy(model.router.state_dict())
+        log = train_routed(model, splits.train, TRAIN, seed=0, steps=12, teacher=dense, progress=False)
+        assert log.steps == 12
+        assert not torch.equal(before["scorer.weight"], model.router.scorer.weight)
+        states.append(model.state_dict())
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+def test_routing_stage_refuses_a_model_without_router():
+    splits, dense, _ = _setup("learned")
+    with pytest.raises(ValueError, match="head router"):
+        train_routed(dense, splits.train, TRAIN, seed=0, steps=2, progress=False)
+
+
+def test_calibration_holds_the_mean_cost_under_each_budget_on_validation():
+    splits, dense, model = _setup("capped")
+    train_routed(model, splits.train, TRAIN, seed=0, steps=10, teacher=dense, progress=False)
+    table = calibrate_router(model, splits.val, [0.25, 0.5, 0.75, 1.0])
+    assert set(table) == {0.25, 0.5, 0.75}
+    pooled = _pooled(model, splits.val, 64)
+    for b in (0.25, 0.5, 0.75):
+        assert realised_cost(model, pooled, b) <= b + 1e-9
+        # and not needlessly cheap: one step up in offset would break the budget or gain nothing
+        assert realised_cost(model, pooled, b, table[b] + 1.0) >= realised_cost(model, pooled, b)
+
+
+def test_calibration_is_for_capped_routers_only():
+    splits, _, model = _setup("learned")
+    with pytest.raises(ValueError, match="capped"):
+        calibrate_router(model, splits.val, [0.5])
+
+
+def test_routing_summary_counts_heads_flops_and_accuracy():
+    splits, dense, model = _setup("capped")
+    cost = model.cost_model(splits.seq_len)
+    with splits.final_evaluation() as test:
+        full = routing_summary(model, test, cost, budget=1.0)
+        half = routing_summary(model, test, cost, budget=0.5)
+        dense_accuracy = (dense(test.input_ids, test.attention_mask).argmax(-1) == test.labels).float().mean()
+    assert full.cost == 1.0 and full.ideal_speedup == pytest.approx(1.0)
+    assert full.metrics["accuracy"] == pytest.approx(float(dense_accuracy))
+    assert len(half.heads) == len(splits.test)
+    assert half.cost == pytest.approx(sum(half.heads) / (4 * len(half.heads)))
+    assert half.flops_fraction < 1.0 and half.ideal_speedup > 1.0
