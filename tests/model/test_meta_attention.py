@@ -177,3 +177,21 @@ def test_meta_attention_is_refused_where_it_does_not_apply():
         MetaConfig(controller="oracle")
     with pytest.raises(ValueError, match="softmax attention"):
         _lm().plain_reference()
+
+
+@pytest.mark.parametrize("seq", [64, 150])
+def test_chunked_linear_rows_equal_the_parallel_form_across_chunks(seq):
+    from budgeted_attention.model.meta_attention import LINEAR_CHUNK, linear_attention_causal
+
+    assert seq <= LINEAR_CHUNK or seq > 2 * LINEAR_CHUNK  # one chunk, or several with a ragged last one
+    layer = MetaSelfAttention(16, 2, 8, 0.0, MetaConfig(window=4), seq)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, seq, 8, generator=gen) for _ in range(3))
+    real = torch.ones(seq, dtype=torch.bool)
+    real[5:9] = False  # padded keys inside the sequence contribute nothing
+    rows = torch.tensor([0, 3, 63, 64, 65, 100, seq - 1]).clamp(max=seq - 1).unique()
+    layer.reset_flops()
+    chunked = layer._linear_rows(q, k, v, rows, real)
+    expected = linear_attention_causal(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), real.unsqueeze(0))[0][:, rows]
+    assert torch.allclose(chunked, expected, atol=1e-5)
+    assert layer.flops["linear"] > 0

@@ -76,3 +76,14 @@ def test_routing_summary_counts_heads_flops_and_accuracy():
     assert len(half.heads) == len(splits.test)
     assert half.cost == pytest.approx(sum(half.heads) / (4 * len(half.heads)))
     assert half.flops_fraction < 1.0 and half.ideal_speedup > 1.0
+
+
+def test_router_gets_its_own_learning_rate_when_set():
+    from budgeted_attention.training.stages import _param_groups
+
+    _, _, model = _setup("capped")
+    assert len(_param_groups(model, 1e-3, 2e-2, 0.0)) == 3  # decay, no decay, gates: the router at lr
+    model.router.cfg.lr = 5e-3
+    groups = _param_groups(model, 1e-3, 2e-2, 0.0)
+    router_ids = {id(p) for p in model.router.parameters()}
+    assert [g["lr"] for g in groups if {id(p) for p in g["params"]} == router_ids] == [5e-3]

@@ -29,10 +29,11 @@ def test_routing_statistics_of_an_input_independent_controller():
     assert stats["expert_fractions"]["linear"] == 1.0 and stats["prior_agreement"] == 1.0
     assert stats["mi_token_bits"] == pytest.approx(0.0, abs=1e-9)
     assert stats["entropy_pct"] == pytest.approx(100 * float(-(mean * mean.log()).sum()) / math.log(3), rel=1e-4)
-    # Every token is linear: prefix states (2 hd^2 per key) + reads (4 hd^2 per query) against
-    # causal softmax attention's 2 hd T (T + 1) per head: 6 hd^2 T / (2 hd T (T + 1)) = 3 hd / (T + 1).
-    # At 16 tokens and hd 8 linear attention costs more than the causal kernel: 24 / 17.
-    assert stats["attention_flops_fraction"] == pytest.approx(24 / 17)
+    # Every token is linear, one chunk of C = T = 16: chunk states 2 hd^2 per key, state reads
+    # 2 hd^2 and the own-chunk block 4 C hd per query, against causal softmax attention's
+    # 2 hd T (T + 1) per head: T (4 hd^2 + 4 C hd) / (2 hd T (T + 1)) = (2 hd + 2 C) / (T + 1).
+    # At 16 tokens and hd 8 linear attention costs more than the causal kernel: 48 / 17.
+    assert stats["attention_flops_fraction"] == pytest.approx(48 / 17)
     assert stats["hard_flops_by_expert"]["full"] == 0 and stats["hard_loss"] > 0
 
 

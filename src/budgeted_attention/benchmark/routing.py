@@ -121,7 +121,7 @@ def routing_bench_markdown(result: dict[str, Any]) -> str:
         )
     return "\n".join(lines) + (
         f"\n\nBatch 1, {result['threads']} thread(s). Attention FLOPs: the attention core the hard pass computed (scores and "
-        "values, window gathers, prefix states) over causal softmax attention's 2 n hd T (T + 1) per layer (the causal CPU "
+        "values, window gathers, chunked prefix states) over causal softmax attention's 2 n hd T (T + 1) per layer (the causal CPU "
         "kernel skips the masked half). Loss full: the same weights with softmax attention for every token (never trained "
         "that way); loss soft: every expert mixed, as trained.\n"
     )

@@ -66,6 +66,8 @@ class RouterConfig:
         entropy_weight: weight of the mean normalised entropy of the head distribution.
         hinge_weight: weight of the budget hinge.
         target: the learned mode's hinge target for the batch-mean fraction.
+        lr: the router's learning rate (0: the stage's rate). A fresh router on a pretrained
+            model fine-tuned at 5e-5 needs a larger one.
     """
 
     mode: str = "learned"
@@ -80,6 +82,7 @@ class RouterConfig:
     entropy_weight: float = 0.01
     hinge_weight: float = 1.0
     target: float = 0.5
+    lr: float = 0.0
 
     def __post_init__(self) -> None:
         if self.mode not in ROUTER_MODES:
@@ -97,6 +100,7 @@ class RouterConfig:
         self.entropy_weight = check_float(self.entropy_weight, "router.entropy_weight", ge=0.0)
         self.hinge_weight = check_float(self.hinge_weight, "router.hinge_weight", ge=0.0)
         self.target = check_float(self.target, "router.target", gt=0.0, le=1.0)
+        self.lr = check_float(self.lr, "router.lr", ge=0.0)
 
     @classmethod
     def from_dict(cls, data: Any) -> RouterConfig:

@@ -90,13 +90,17 @@ def is_gate_parameter(name: str) -> bool:
 
 
 def _param_groups(model: nn.Module, lr: float, gate_lr: float, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only; the budget gates get their own (larger) learning rate."""
-    decay, no_decay, gates = [], [], []
+    """Weight decay on matrices only; the budget gates get their own (larger) learning rate, and so
+    does a per-input head router when ``router.lr`` is set."""
+    decay, no_decay, gates, router = [], [], [], []
+    router_module = getattr(model, "router", None)
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         if is_gate_parameter(name):
             gates.append(param)
+        elif name.startswith("router.") and router_module is not None and router_module.cfg.lr > 0:
+            router.append(param)
         elif param.ndim >= 2 and "embedding" not in name:
             decay.append(param)
         else:
@@ -107,6 +111,8 @@ def _param_groups(model: nn.Module, lr: float, gate_lr: float, weight_decay: flo
     ]
     if gates:
         groups.append({"params": gates, "lr": gate_lr, "weight_decay": 0.0})
+    if router:  # a per-input head router with its own rate (router.lr)
+        groups.append({"params": router, "lr": router_module.cfg.lr, "weight_decay": 0.0})
     return [g for g in groups if g["params"]]
 
 
