@@ -165,3 +165,18 @@ def test_router_is_refused_where_it_cannot_work():
 def test_router_config_names_the_bad_value(data, match):
     with pytest.raises(ConfigError, match=match):
         RouterConfig.from_dict(data)
+
+
+def test_cached_head_set_weights_never_go_stale():
+    model = _routed("capped")
+    ids, mask = _inputs()
+    ids, mask = ids[1:2], mask[1:2]
+    with torch.no_grad():
+        before = model(ids, mask, budget=0.5)
+        assert any(block.attn._head_cache for block in model.blocks)
+        for block in model.blocks:
+            block.attn.qkv_weight.mul_(1.5)  # in place: same storage, new version
+        selection = model.router.decide(pooled_embeddings(model.token_embedding, ids, mask), 0.5)
+        after = model(ids, mask, budget=0.5)
+        assert not torch.allclose(before, after)
+        assert torch.allclose(after, model(ids, mask, gates=selection.float()), atol=1e-5)

@@ -238,6 +238,9 @@ class HeadRouter(nn.Module):
 
     def _top_k(self, scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Boolean mask of the k[i] highest scores of every layer of input i."""
+        if scores.shape[0] == 1:  # one input: a plain top-k (fewer small ops on the serving path)
+            top = scores[0].topk(int(k[0]), dim=-1).indices
+            return torch.zeros(scores.shape[1:], dtype=torch.bool, device=scores.device).scatter_(-1, top, True).unsqueeze(0)
         order = scores.argsort(dim=-1, descending=True)
         rank = torch.empty_like(order)
         rank.scatter_(-1, order, torch.arange(self.n_heads, device=scores.device).expand_as(order))
