@@ -332,7 +332,7 @@ def test_per_input_routing_methods_train_calibrate_and_time_at_equal_steps(tmp_p
     record = json.loads((tmp_path / "run" / "routed.json").read_text())
     assert {r["batch_size"] for r in record["bench"]["0"]["rows"]} == {1, 4}
     assert set(record["calibration"]["capped-routing"]["0"]) == {"0.5", "0.75"}
-    assert "Heads by input difficulty" in (tmp_path / "run" / "routed.md").read_text()
+    assert "Heads per layer by input difficulty" in (tmp_path / "run" / "routed.md").read_text()
 
 
 def test_routing_methods_are_refused_where_they_cannot_run(tmp_path):

@@ -720,17 +720,20 @@ class Experiment:
                     row.update(record.to_dict())
 
     def _write_routed_outputs(self) -> None:
-        """``routed.md`` / ``routed.json``: per-input routing speed and heads by difficulty."""
+        """``routed.md`` / ``routed.json``: per-input routing speed, calibration and heads by difficulty."""
+        from budgeted_attention.reporting.per_input import routed_markdown  # noqa: PLC0415
+
         benches = getattr(self, "routed_benches", {})
         records = getattr(self, "routed_records", {})
         if not benches and not records:
             return
-        write_json_atomic(self.out / "routed.json", {
+        data = {
             "bench": {str(seed): bench for seed, bench in benches.items()},
             "difficulty": {m: {str(seed): r.get("difficulty", {}) for seed, r in by_seed.items()} for m, by_seed in records.items()},
             "calibration": {m: {str(seed): r.get("calibration", {}) for seed, r in by_seed.items()} for m, by_seed in records.items()},
-        })
-        write_text_atomic(self.out / "routed.md", f"# Per-input head routing: {self.cfg.name}\n\n" + routed_markdown(benches, records))
+        }
+        write_json_atomic(self.out / "routed.json", data)
+        write_text_atomic(self.out / "routed.md", f"# Per-input head routing: {self.cfg.name}\n\n" + routed_markdown(data))
 
     def _attach_routed_bench(self, rows: list[dict[str, Any]], benches: dict[int, dict[str, Any]]) -> None:
         """Measured speed at the first benchmark batch size onto each seed's routed rows."""
@@ -793,36 +796,6 @@ class Experiment:
         self.log(notes)
         self.log(f"run directory: {self.out}")
         return {"rows": rows, "table": table, "bench": benches}
-
-
-def routed_markdown(benches: dict[int, dict[str, Any]], records: dict[str, dict[int, dict[str, Any]]]) -> str:
-    """Per-input routing section: measured speed per seed and setting, and heads by input difficulty."""
-    from budgeted_attention.benchmark.per_input import per_input_markdown  # noqa: PLC0415
-
-    parts = []
-    for seed in sorted(benches):
-        parts.append(f"### Measured speed, seed {seed} (validation inputs, interleaved with the plain dense reference)\n\n" + per_input_markdown(benches[seed]["rows"]))
-    for method, by_seed in records.items():
-        for seed in sorted(by_seed):
-            for budget, profile in by_seed[seed].get("difficulty", {}).items():
-                parts.append(f"### Heads by input difficulty: {method}, budget {budget}, seed {seed} (test split)\n\n" + difficulty_markdown(profile))
-    return "\n".join(parts)
-
-
-def difficulty_markdown(profile: dict[str, Any]) -> str:
-    """Markdown of a :func:`difficulty_profile`: mean heads per difficulty bin."""
-    lines = [f"Spearman correlation of heads with the dense model's loss: {profile['spearman_dense_loss']:+.3f}"]
-    if "spearman_markers" in profile:
-        lines.append(f"; with the number of markers: {profile['spearman_markers']:+.3f}")
-    lines = ["".join(lines) + "\n"]
-    for key, title in (("by_markers", "markers in the input"), ("by_dense_loss", "dense model's loss quartile")):
-        bins = profile.get(key)
-        if not bins:
-            continue
-        lines += [f"| {title} | inputs | mean heads | dense accuracy % |", "|---|---:|---:|---:|"]
-        lines += [f"| {b['bin']} | {b['count']} | {b['mean_heads']:.2f} | {100 * b['dense_accuracy']:.1f} |" for b in bins]
-        lines.append("")
-    return "\n".join(lines) + "\n"
 
 
 def run_experiment(

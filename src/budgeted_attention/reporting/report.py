@@ -84,6 +84,10 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     routing_bench = _read_json(routing_path) if routing_path.is_file() else None
     if routing_bench is not None and (not isinstance(routing_bench, dict) or not isinstance(routing_bench.get("rows"), list)):
         raise ReportError(f"malformed routing benchmark in '{routing_path}': expected {{\"rows\": [...], ...}}")
+    routed_path = path / "routed.json"
+    routed = _read_json(routed_path) if routed_path.is_file() else None
+    if routed is not None and not isinstance(routed, dict):
+        raise ReportError(f"malformed per-input routing results in '{routed_path}': expected a JSON object")
     name = config.get("name") if isinstance(config.get("name"), str) and config.get("name") else path.resolve().name
     return {
         "path": path,
@@ -94,6 +98,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "rows": rows,
         "benches": benches,
         "routing_bench": routing_bench,
+        "routed": routed,
         "figures": sorted(path.glob("*.png")),
         "wall_time": _wall_time(path, results),
     }
@@ -313,6 +318,10 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
         if run["routing_bench"].get("checkpoint"):
             lines += [f"Checkpoint: `{run['routing_bench']['checkpoint']}`", ""]
         lines.append(routing_bench_markdown(run["routing_bench"]).rstrip("\n"))
+    if run.get("routed"):
+        from budgeted_attention.reporting.per_input import routed_markdown  # noqa: PLC0415
+
+        lines += ["", f"### {run['name']}: per-input head routing (`routed.json`)", "", routed_markdown(run["routed"]).rstrip("\n")]
     if run["figures"]:
         lines += ["", f"### {run['name']}: figures", ""]
         for figure in run["figures"]:

@@ -1,0 +1,101 @@
+"""Markdown of per-input head routing results (``routed.json`` of a run directory).
+
+``routed.json``: ``{"bench": {seed: {"rows": [...]}}, "difficulty": {method: {seed: {budget: profile}}},
+"calibration": {method: {seed: {budget: offset}}}}`` (see
+:func:`budgeted_attention.benchmark.per_input.bench_per_input` and
+:func:`budgeted_attention.training.routed.difficulty_profile`). Tables aggregate over seeds
+(mean ± std) so a 3-seed run stays readable.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+
+def _mean_std(values: list[float], digits: int = 2, suffix: str = "") -> str:
+    if not values:
+        return ""
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return f"{mean:.{digits}f}{suffix}"
+    return f"{mean:.{digits}f}{suffix} ± {statistics.stdev(values):.{digits}f}"
+
+
+def _budget_label(budget: Any, learned: bool = False) -> str:
+    return "learned" if learned or budget in (None, "learned") else f"{float(budget):g}"
+
+
+def speed_table(bench_by_seed: dict[str, dict[str, Any]]) -> str:
+    """Measured speed of the routed models per (method, budget, batch), mean ± std over seeds."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for bench in bench_by_seed.values():
+        for row in bench.get("rows", []):
+            key = (row["method"], _budget_label(row["budget"], row.get("learned_budget", False)), row["batch_size"], row["seq_len"])
+            groups[key].append(row)
+    lines = [
+        "| method | budget | batch | seq | seeds | mean heads | cost | speedup | FLOP-ideal | efficiency |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (method, budget, batch, seq), rows in sorted(groups.items(), key=lambda item: (item[0][0], item[0][2], item[0][1])):
+        pick = lambda key: [float(r[key]) for r in rows]  # noqa: E731
+        lines.append(
+            f"| {method} | {budget} | {batch} | {seq} | {len(rows)} | {_mean_std(pick('mean_heads'))} | {_mean_std(pick('cost'), 3)} | "
+            f"{_mean_std(pick('speedup'), 2, 'x')} | {_mean_std(pick('ideal_speedup'), 2, 'x')} | {_mean_std(pick('efficiency'))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def difficulty_table(difficulty: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """Mean heads per difficulty bin and the rank correlations, per (method, budget), mean over seeds."""
+    rows = []
+    marker_bins: list[str] = []
+    for method, by_seed in difficulty.items():
+        budgets = sorted({b for profiles in by_seed.values() for b in profiles}, key=lambda b: (b != "learned", b))
+        for budget in budgets:
+            profiles = [p[budget] for p in by_seed.values() if budget in p]
+            by_loss: dict[str, list[float]] = defaultdict(list)
+            by_markers: dict[str, list[float]] = defaultdict(list)
+            for profile in profiles:
+                for entry in profile.get("by_dense_loss", []):
+                    by_loss[entry["bin"]].append(entry["mean_heads"])
+                for entry in profile.get("by_markers", []):
+                    by_markers[entry["bin"]].append(entry["mean_heads"])
+            marker_bins = sorted(set(marker_bins) | set(by_markers), key=int)
+            rows.append((method, budget, profiles, by_loss, by_markers))
+    quartiles = ["Q1 (easiest)", "Q2", "Q3", "Q4 (hardest)"]
+    header = ["method", "budget", "seeds", "ρ(heads, dense loss)"] + [f"heads, loss {q}" for q in quartiles]
+    if marker_bins:
+        header += ["ρ(heads, markers)"] + [f"heads, {m} marker(s)" for m in marker_bins]
+    lines = ["| " + " | ".join(header) + " |", "|---|---:|" + "---:|" * (len(header) - 2)]
+    for method, budget, profiles, by_loss, by_markers in rows:
+        cells = [method, _budget_label(budget), str(len(profiles)), _mean_std([p["spearman_dense_loss"] for p in profiles], 3)]
+        cells += [_mean_std(by_loss.get(q, [])) for q in quartiles]
+        if marker_bins:
+            cells.append(_mean_std([p["spearman_markers"] for p in profiles if "spearman_markers" in p], 3))
+            cells += [_mean_std(by_markers.get(m, [])) for m in marker_bins]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def routed_markdown(data: dict[str, Any]) -> str:
+    """The per-input routing section of a run: speed, then heads by input difficulty."""
+    parts = []
+    if data.get("bench"):
+        parts += [
+            "Measured on validation inputs (padded to the data's length), interleaved with the plain dense reference "
+            "(same weights and kernels, no router or gate code), 1 thread unless stated; FLOP-ideal = dense FLOPs over the "
+            "mean FLOPs of the heads the same inputs selected; efficiency = speedup / FLOP-ideal.",
+            "",
+            speed_table(data["bench"]),
+        ]
+    if data.get("difficulty"):
+        parts += [
+            "Heads per layer by input difficulty (test split): quartiles of the dense model's per-input loss and, on the "
+            "synthetic task, the number of markers; ρ = Spearman rank correlation with the heads an input got "
+            "(0 when every input gets the same count).",
+            "",
+            difficulty_table(data["difficulty"]),
+        ]
+    return "\n".join(parts)

@@ -1,0 +1,35 @@
+"""Per-input routing tables aggregate seeds and label the learned budget."""
+
+from budgeted_attention.reporting.per_input import difficulty_table, routed_markdown, speed_table
+
+
+def _bench(speedup: float) -> dict:
+    row = {"method": "capped-routing", "budget": 0.5, "learned_budget": False, "batch_size": 1, "seq_len": 64, "mean_heads": 4.0,
+           "cost": 0.5, "speedup": speedup, "ideal_speedup": 1.25, "efficiency": speedup / 1.25}
+    learned = {**row, "method": "budgetformer", "budget": 1.0, "learned_budget": True}
+    return {"rows": [row, learned]}
+
+
+def _profile(rho: float) -> dict:
+    return {
+        "spearman_dense_loss": rho, "spearman_markers": 0.5,
+        "by_dense_loss": [{"bin": q, "count": 10, "mean_heads": h, "dense_accuracy": 1.0} for q, h in zip(["Q1 (easiest)", "Q2", "Q3", "Q4 (hardest)"], [3, 4, 4, 5])],
+        "by_markers": [{"bin": "1", "count": 20, "mean_heads": 3.5, "dense_accuracy": 1.0}, {"bin": "3", "count": 20, "mean_heads": 4.5, "dense_accuracy": 0.5}],
+    }
+
+
+def test_speed_table_aggregates_seeds_and_labels_the_learned_budget():
+    table = speed_table({"0": _bench(1.1), "1": _bench(1.2)})
+    assert "| capped-routing | 0.5 | 1 | 64 | 2 | 4.00 ± 0.00 | 0.500 ± 0.000 | 1.15x ± 0.07 | 1.25x ± 0.00 | 0.92 ± 0.06 |" in table
+    assert "| budgetformer | learned |" in table
+
+
+def test_difficulty_table_means_over_seeds_with_marker_columns():
+    table = difficulty_table({"capped-routing": {"0": {"0.5": _profile(0.2)}, "1": {"0.5": _profile(0.4)}}})
+    assert "ρ(heads, markers)" in table and "heads, 3 marker(s)" in table
+    assert "| capped-routing | 0.5 | 2 | 0.300 ± 0.141 | 3.00 ± 0.00 |" in table
+
+
+def test_routed_markdown_holds_both_sections():
+    text = routed_markdown({"bench": {"0": _bench(1.1)}, "difficulty": {"budgetformer": {"0": {"learned": _profile(0.1)}}}})
+    assert "FLOP-ideal" in text and "by input difficulty" in text and "| budgetformer | learned | 1 |" in text
