@@ -54,8 +54,9 @@ def test_calibration_holds_the_mean_cost_under_each_budget_on_validation():
     pooled = _pooled(model, splits.val, 64)
     for b in (0.25, 0.5, 0.75):
         assert realised_cost(model, pooled, b) <= b + 1e-9
-        # and not needlessly cheap: one step up in offset would break the budget or gain nothing
-        assert realised_cost(model, pooled, b, table[b] + 1.0) >= realised_cost(model, pooled, b)
+        # and not needlessly cheap: a slightly larger offset breaks the budget (unless at the bound)
+        if table[b] < 19.9:
+            assert realised_cost(model, pooled, b, table[b] + 1e-3) > b
 
 
 def test_calibration_is_for_capped_routers_only():

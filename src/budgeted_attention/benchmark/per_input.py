@@ -4,7 +4,7 @@ The routed model decides each input's heads, then computes only those (one input
 weights; a batch: inputs grouped by head set per layer). It is timed on real inputs (routing
 depends on them), interleaved with the plain dense reference (same weights, same kernels, no
 gate or router code), 1 thread by default. The FLOP-ideal speedup is the dense model's FLOPs
-over the mean FLOPs of the heads the same inputs selected (cost model at their padded length);
+over the FLOPs of the heads the same inputs selected (cost model at each batch's padded length);
 efficiency = measured / ideal, so router overhead and grouping show as lost efficiency.
 """
 
@@ -24,16 +24,26 @@ Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 @torch.no_grad()
-def selected_heads(model: GatedModel, batches: Batches, budget: float | None) -> list[int]:
-    """Heads per layer each input of ``batches`` runs (every head for a capped router at b = 1)."""
+def selected_heads(model: GatedModel, batches: Batches, budget: float | None) -> list[list[int]]:
+    """Heads per layer each input runs, per batch (every head for a capped router at b = 1)."""
     router = model.router
     if router.cfg.mode == "capped" and (budget is None or budget >= 1.0):
-        return [router.n_heads] * sum(int(ids.shape[0]) for ids, _ in batches)
-    heads: list[int] = []
+        return [[router.n_heads] * int(ids.shape[0]) for ids, _ in batches]
+    heads = []
     for ids, mask in batches:
         pooled = pooled_embeddings(model.input_embedding(), ids, mask)
-        heads += [int(k) for k in router.heads_for(router.fraction(pooled, budget))]
+        heads.append([int(k) for k in router.heads_for(router.fraction(pooled, budget))])
     return heads
+
+
+def flop_ideal(model: GatedModel, batches: Batches, heads: list[list[int]]) -> float:
+    """Dense FLOPs over routed FLOPs of the same inputs, each batch at its own padded length."""
+    dense = routed = 0.0
+    for (ids, _), batch_heads in zip(batches, heads):
+        cost = model.cost_model(int(ids.shape[1]))
+        dense += len(batch_heads) * cost.total_flops()
+        routed += sum(cost.total_flops([k] * model.n_layers) for k in batch_heads)
+    return dense / routed
 
 
 def bench_per_input(
@@ -50,7 +60,8 @@ def bench_per_input(
     Args:
         model: a routed model (router attached), eval mode.
         reference: the plain dense model, called as ``reference(ids, mask)``.
-        batches: (input_ids, attention_mask) pairs of real inputs, all of one batch size and length.
+        batches: (input_ids, attention_mask) pairs of real inputs of one batch size; each batch
+            padded to its longest input (lengths may differ between batches).
         budgets: the caller budgets to time (None: a learned router's own budget).
         method: row label.
 
@@ -60,13 +71,13 @@ def bench_per_input(
     """
     model.eval()
     reference.eval()
-    batch_size, seq_len = (int(s) for s in batches[0][0].shape)
-    cost = model.cost_model(seq_len)
-    dense_flops = cost.total_flops()
+    batch_size = int(batches[0][0].shape[0])
+    lengths = [int(ids.shape[1]) for ids, _ in batches]
     rows = []
     for budget in budgets:
-        heads = selected_heads(model, batches, budget)
-        mean_flops = sum(cost.total_flops([k] * model.n_layers) for k in heads) / len(heads)
+        per_batch = selected_heads(model, batches, budget)
+        heads = [k for batch_heads in per_batch for k in batch_heads]
+        ideal = flop_ideal(model, batches, per_batch)
 
         def routed(b: float | None = budget) -> None:
             for ids, mask in batches:
@@ -79,28 +90,13 @@ def bench_per_input(
         timed = measure_interleaved(
             {"routed": routed, "dense": dense}, threads=cfg.threads, rounds=cfg.rounds, min_run_time=cfg.min_run_time
         )
-        ideal = dense_flops / mean_flops
         speedup = timed["dense"] / timed["routed"]
         rows.append({
             "method": method, "budget": 1.0 if budget is None else budget, "learned_budget": budget is None,
-            "batch_size": batch_size, "seq_len": seq_len, "threads": cfg.threads, "inputs": len(heads), "input": "validation",
+            "batch_size": batch_size, "seq_len": max(lengths), "mean_seq_len": sum(lengths) / len(lengths),
+            "threads": cfg.threads, "inputs": len(heads), "input": "validation",
             "latency_ms": timed["routed"], "dense_latency_ms": timed["dense"], "speedup": speedup,
             "ideal_speedup": ideal, "efficiency": speedup / ideal, "mean_heads": sum(heads) / len(heads),
             "cost": sum(heads) / (len(heads) * model.n_heads),
         })
     return rows
-
-
-def per_input_markdown(rows: list[dict[str, Any]]) -> str:
-    """Markdown table of :func:`bench_per_input` rows."""
-    lines = [
-        "| method | budget | batch | seq | mean heads | cost | routed ms | dense ms | speedup | FLOP-ideal | efficiency |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        budget = "learned" if r.get("learned_budget") else f"{r['budget']:g}"
-        lines.append(
-            f"| {r['method']} | {budget} | {r['batch_size']} | {r['seq_len']} | {r['mean_heads']:.2f} | {r['cost']:.3f} | "
-            f"{r['latency_ms']:.2f} | {r['dense_latency_ms']:.2f} | {r['speedup']:.2f}x | {r['ideal_speedup']:.2f}x | {r['efficiency']:.2f} |"
-        )
-    return "\n".join(lines) + "\n"

@@ -150,7 +150,8 @@ class GatedBertSelfAttention(nn.Module):
             rows = (inverse == group).nonzero().flatten()
             mask = None if attention_mask is None else attention_mask.index_select(0, rows)
             context = self._context(hidden_states.index_select(0, rows), mask, heads)
-            out.index_put_((rows.view(-1, 1, 1), torch.arange(seq).view(1, -1, 1), self._rows(heads).view(1, 1, -1)), context)
+            positions = torch.arange(seq, device=hidden_states.device)
+            out.index_put_((rows.view(-1, 1, 1), positions.view(1, -1, 1), self._rows(heads).view(1, 1, -1)), context)
         return out
 
     @torch.no_grad()

@@ -19,10 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 
-# Head sets whose gathered weights one attention layer keeps for per-input routing.
-HEAD_SET_CACHE = 256
-
-
 class GatedSelfAttention(nn.Module):
     """Self-attention through ``F.scaled_dot_product_attention`` with optional per-head gates.
 
@@ -54,8 +50,6 @@ class GatedSelfAttention(nn.Module):
         self.out_bias = nn.Parameter(torch.zeros(d_model))
         # Heads used in forward: a prefix of the stored heads (instant budget switching).
         self.active_heads = n_heads
-        # Gathered weights of per-input head sets (inference only; see _forward_pattern).
-        self._head_cache: dict[tuple, tuple] = {}
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -167,30 +161,8 @@ class GatedSelfAttention(nn.Module):
         return out
 
     def _forward_pattern(self, x: torch.Tensor, attn_mask: torch.Tensor | None, pattern: torch.Tensor) -> torch.Tensor:
-        """Attention of the heads selected by ``pattern`` ((active_heads,) bool). Without autograd,
-        the gathered weights of recent head sets are cached (keyed by the set and the weights'
-        identity and version, so surgery or an in-place update never reads a stale copy): a router
-        that keeps choosing the same sets pays the gather once."""
-        if torch.is_grad_enabled():
-            return self._forward_heads(x, attn_mask, pattern.nonzero().flatten())
-        weights = (self.qkv_weight, self.qkv_bias, self.out_weight_t)
-        key = (pattern.cpu().numpy().tobytes(), *((w.data_ptr(), w._version) for w in weights))
-        entry = self._head_cache.get(key)
-        if entry is None:
-            heads = pattern.nonzero().flatten()
-            n, hd = int(heads.numel()), self.head_dim
-            if n in (0, self.n_heads):
-                return self._forward_heads(x, attn_mask, heads)
-            entry = (
-                n,
-                self.qkv_weight.view(self.n_heads, 3 * hd, self.d_model).index_select(0, heads).view(n * 3 * hd, self.d_model),
-                self.qkv_bias.view(self.n_heads, 3 * hd).index_select(0, heads).view(-1),
-                self.out_weight_t.view(self.n_heads, hd, self.d_model).index_select(0, heads).view(n * hd, self.d_model),
-            )
-            if len(self._head_cache) >= HEAD_SET_CACHE:
-                self._head_cache.clear()
-            self._head_cache[key] = entry
-        return self._attend(x, attn_mask, *entry)
+        """Attention of the heads selected by ``pattern`` ((active_heads,) bool) only."""
+        return self._forward_heads(x, attn_mask, pattern.nonzero().flatten())
 
     @torch.no_grad()
     def keep_heads(self, heads: list[int]) -> None:

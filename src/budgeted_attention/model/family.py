@@ -277,6 +277,8 @@ class GatedModel(nn.Module):
         is the dense model."""
         if self.router is None or gates is not None:
             return budget, gates
+        if self.is_pruned or self._active != self.heads_per_layer:
+            raise ValueError("a model with a head router must keep and run every head (no surgery, no slicing): the router picks per input")
         if self.router.cfg.mode == "capped" and (budget is None or validate_budget(budget) == 1.0):
             return None, None
         pooled = pooled_embeddings(self.input_embedding(), input_ids, attention_mask)

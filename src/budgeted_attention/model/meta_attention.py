@@ -255,9 +255,10 @@ class MetaSelfAttention(GatedSelfAttention):
         Keys are cut into chunks of ``C`` = :data:`LINEAR_CHUNK` positions. A query in chunk c reads
         the prefix state of the chunks before it, S_c = sum_{s < cC} phi(k_s) v_s^T (one (hd, hd)
         matrix per chunk: T / C states, not T), plus the keys of its own chunk up to itself
-        (a masked C x C block). The routed queries are scattered into their chunk slots, so the
-        work is two batched matmuls per chunk instead of a (T, hd, hd) prefix tensor, which is
-        what made the per-token prefix form slower than full attention at 8k tokens.
+        (a masked C x C block). The routed queries are scattered into the slots of the chunks that
+        hold them (other chunks are not read), so the work is two batched matmuls per used chunk
+        instead of a (T, hd, hd) prefix tensor, which is what made the per-token prefix form
+        slower than full attention at 8k tokens.
 
         Args:
             q, k, v: (n, T, hd); rows: (L,) positions routed here; real: (T,) bool or None.
@@ -280,20 +281,25 @@ class MetaSelfAttention(GatedSelfAttention):
         phi_k = phi_k.view(n, chunks, chunk, hd)
         values = values.view(n, chunks, chunk, hd)
         chunk_states = phi_k.transpose(-1, -2) @ values  # (n, chunks, hd, hd)
-        states = torch.cumsum(chunk_states, dim=1) - chunk_states  # exclusive: chunks before c
         chunk_norms = phi_k.sum(2)  # (n, chunks, hd)
-        norms = torch.cumsum(chunk_norms, dim=1) - chunk_norms
-        # Routed queries in their chunk slots (zeros elsewhere: those rows are never read).
-        phi_q = q.new_zeros(n, span, hd)
-        phi_q[:, rows] = elu_feature(q[:, rows])
-        phi_q = phi_q.view(n, chunks, chunk, hd)
-        local = (phi_q @ phi_k.transpose(-1, -2)) * causal_mask(chunk, device=q.device).to(q.dtype)  # (n, chunks, C, C)
-        numerator = phi_q @ states + local @ values  # (n, chunks, C, hd)
-        denominator = (phi_q @ norms.unsqueeze(-1)).squeeze(-1) + local.sum(-1)  # (n, chunks, C)
-        y = (numerator / denominator.clamp_min(1e-6).unsqueeze(-1)).view(n, span, hd)
-        # chunk states 2 hd^2 per key; per query slot: state read 2 hd^2, own chunk 4 C hd
-        self.flops["linear"] += n * span * (2 * hd * hd + 2 * hd * hd + 4 * chunk * hd)
-        return y[:, rows]
+        # Exclusive prefix over chunks (the chunks before c), built without a subtraction.
+        states = torch.cat([torch.zeros_like(chunk_states[:, :1]), torch.cumsum(chunk_states[:, :-1], dim=1)], dim=1)
+        norms = torch.cat([torch.zeros_like(chunk_norms[:, :1]), torch.cumsum(chunk_norms[:, :-1], dim=1)], dim=1)
+        # Only the chunks holding routed queries are read; the routed queries go into their slots
+        # (zeros elsewhere: those rows are never read).
+        used, slot_chunk = torch.unique(rows // chunk, return_inverse=True)
+        phi_q = q.new_zeros(n, len(used) * chunk, hd)
+        slots = slot_chunk * chunk + rows % chunk
+        phi_q[:, slots] = elu_feature(q[:, rows])
+        phi_q = phi_q.view(n, len(used), chunk, hd)
+        own_k, own_v = phi_k[:, used], values[:, used]
+        local = (phi_q @ own_k.transpose(-1, -2)) * causal_mask(chunk, device=q.device).to(q.dtype)  # (n, U, C, C)
+        numerator = phi_q @ states[:, used] + local @ own_v  # (n, U, C, hd)
+        denominator = (phi_q @ norms[:, used].unsqueeze(-1)).squeeze(-1) + local.sum(-1)  # (n, U, C)
+        y = (numerator / denominator.clamp_min(1e-6).unsqueeze(-1)).view(n, len(used) * chunk, hd)
+        # chunk states: 2 hd^2 per key; per slot of a used chunk: state read 2 hd^2, own chunk 4 C hd
+        self.flops["linear"] += n * (span * 2 * hd * hd + len(used) * chunk * (2 * hd * hd + 4 * chunk * hd))
+        return y[:, slots]
 
     def reset_flops(self) -> None:
         self.flops = dict.fromkeys(EXPERTS, 0)

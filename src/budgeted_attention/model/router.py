@@ -65,7 +65,9 @@ class RouterConfig:
         count_temperature: softness, in heads, of the soft top-k's cut at s * H.
         entropy_weight: weight of the mean normalised entropy of the head distribution.
         hinge_weight: weight of the budget hinge.
-        target: the learned mode's hinge target for the batch-mean fraction.
+        target: the learned mode's hinge target for the batch-mean fraction (within the clamp).
+            ``fraction_min``, ``fraction_max`` and ``target`` apply to the learned mode only; the
+            capped mode's fraction is bounded by the caller's budget.
         lr: the router's learning rate (0: the stage's rate). A fresh router on a pretrained
             model fine-tuned at 5e-5 needs a larger one.
     """
@@ -95,12 +97,18 @@ class RouterConfig:
         self.temperature_start = check_float(self.temperature_start, "router.temperature_start", gt=0.0)
         self.temperature_end = check_float(self.temperature_end, "router.temperature_end", gt=0.0)
         self.noise = check_float(self.noise, "router.noise", ge=0.0)
-        self.explore_fraction = check_float(self.explore_fraction, "router.explore_fraction", ge=0.0, le=1.0)
+        # 1 would train soft gates only while evaluation runs the hard top-k: never trained that way.
+        self.explore_fraction = check_float(self.explore_fraction, "router.explore_fraction", ge=0.0, lt=1.0)
         self.count_temperature = check_float(self.count_temperature, "router.count_temperature", gt=0.0)
         self.entropy_weight = check_float(self.entropy_weight, "router.entropy_weight", ge=0.0)
         self.hinge_weight = check_float(self.hinge_weight, "router.hinge_weight", ge=0.0)
         self.target = check_float(self.target, "router.target", gt=0.0, le=1.0)
         self.lr = check_float(self.lr, "router.lr", ge=0.0)
+        if not self.fraction_min <= self.target <= self.fraction_max:
+            raise ConfigError(
+                f"router.target ({self.target}) must lie in [router.fraction_min, router.fraction_max] = "
+                f"[{self.fraction_min}, {self.fraction_max}], or the budget hinge is always or never active"
+            )
 
     @classmethod
     def from_dict(cls, data: Any) -> RouterConfig:
@@ -237,11 +245,11 @@ class HeadRouter(nn.Module):
         return torch.sigmoid((s.view(-1, 1, 1) * self.n_heads - rank) / self.cfg.count_temperature)
 
     def _top_k(self, scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """Boolean mask of the k[i] highest scores of every layer of input i."""
-        if scores.shape[0] == 1:  # one input: a plain top-k (fewer small ops on the serving path)
-            top = scores[0].topk(int(k[0]), dim=-1).indices
-            return torch.zeros(scores.shape[1:], dtype=torch.bool, device=scores.device).scatter_(-1, top, True).unsqueeze(0)
-        order = scores.argsort(dim=-1, descending=True)
+        """Boolean mask of the k[i] highest scores of every layer of input i; ties go to the lower
+        head index (stable sort), so an input gets the same heads alone and in any batch."""
+        order = scores.argsort(dim=-1, descending=True, stable=True)
+        if scores.shape[0] == 1:  # one input: one k, fewer small ops on the serving path
+            return torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, order[..., : int(k[0])], True)
         rank = torch.empty_like(order)
         rank.scatter_(-1, order, torch.arange(self.n_heads, device=scores.device).expand_as(order))
         return rank < k.view(-1, 1, 1)

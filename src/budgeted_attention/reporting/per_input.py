@@ -84,7 +84,7 @@ def routed_markdown(data: dict[str, Any]) -> str:
     parts = []
     if data.get("bench"):
         parts += [
-            "Measured on validation inputs (padded to the data's length), interleaved with the plain dense reference "
+            "Measured on validation inputs (each batch padded to its longest input; `seq` = the longest), interleaved with the plain dense reference "
             "(same weights and kernels, no router or gate code), 1 thread unless stated; FLOP-ideal = dense FLOPs over the "
             "mean FLOPs of the heads the same inputs selected; efficiency = speedup / FLOP-ideal.",
             "",

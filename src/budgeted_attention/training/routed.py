@@ -106,6 +106,8 @@ def calibrate_router(model: GatedModel, val: Split, budgets: list[float], *, bat
     router = model.router
     if router is None or router.cfg.mode != "capped":
         raise ValueError("calibration is for a budget-capped router (router.mode 'capped')")
+    if len(val) == 0:
+        raise ValueError("calibration needs validation inputs: the validation split is empty")
     model.eval()
     pooled = _pooled(model, val, batch_size)
     table: dict[float, float] = {}
@@ -158,6 +160,8 @@ def routing_summary(
 ) -> RoutingSummary:
     """Hard routing on ``split`` at ``budget`` (None for a learned router); ``task`` None: heads
     and FLOPs only (no metrics)."""
+    if len(split) == 0:
+        raise ValueError("routing_summary needs at least one input: the split is empty")
     model.eval()
     router = model.router
     metrics = {} if task is None else task.evaluate(model, split, batch_size, budget=budget)
