@@ -43,7 +43,6 @@ results: $(STAMP)
 	$(BIN)/baa lm --no-progress configs/lm_san.yaml
 	$(BIN)/baa lm --no-progress configs/lm_char.yaml
 	$(BIN)/baa lm --no-progress configs/lm_san_compare_long.yaml
-	$(BIN)/baa experiment --no-progress configs/routing_synthetic.yaml
 	$(BIN)/baa experiment --no-progress configs/routing_bbc_short.yaml
 	$(BIN)/baa experiment --no-progress configs/routing_minilm_bbc_short.yaml
 	$(BIN)/baa report runs/demo runs/d256 runs/bbc_short runs/minilm_bbc_short runs/demo_all runs/d256_all runs/bbc_short_all runs/minilm_bbc_short_all \
