@@ -47,7 +47,7 @@ results: $(STAMP)
 	$(BIN)/baa experiment --no-progress configs/routing_minilm_bbc_short.yaml
 	$(BIN)/baa report runs/demo runs/d256 runs/bbc_short runs/minilm_bbc_short runs/demo_all runs/d256_all runs/bbc_short_all runs/minilm_bbc_short_all \
 		runs/tiny_lm_bayesian runs/tiny_lm_prior_free runs/tiny_lm_softmax runs/meta_long runs/lm_san_compare runs/lm_san_compare_long runs/lm_san runs/lm_char \
-		runs/routing_synthetic runs/routing_bbc_short runs/routing_minilm_bbc_short --out docs/results.md
+		runs/routing_bbc_short runs/routing_minilm_bbc_short --out docs/results.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
