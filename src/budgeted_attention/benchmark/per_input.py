@@ -26,14 +26,10 @@ Batches = list[tuple[torch.Tensor, torch.Tensor]]
 @torch.no_grad()
 def selected_heads(model: GatedModel, batches: Batches, budget: float | None) -> list[list[int]]:
     """Heads per layer each input runs, per batch (every head for a capped router at b = 1)."""
-    router = model.router
-    if router.cfg.mode == "capped" and (budget is None or budget >= 1.0):
-        return [[router.n_heads] * int(ids.shape[0]) for ids, _ in batches]
-    heads = []
-    for ids, mask in batches:
-        pooled = pooled_embeddings(model.input_embedding(), ids, mask)
-        heads.append([int(k) for k in router.heads_for(router.fraction(pooled, budget))])
-    return heads
+    return [
+        [int(k) for k in model.router.head_counts(pooled_embeddings(model.input_embedding(), ids, mask), budget)]
+        for ids, mask in batches
+    ]
 
 
 def flop_ideal(model: GatedModel, batches: Batches, heads: list[list[int]]) -> float:

@@ -206,6 +206,13 @@ class HeadRouter(nn.Module):
             raise ValueError("the head router produced a non-finite head fraction (diverged training?)")
         return torch.ceil(fraction.detach() * self.n_heads - 1e-6).clamp(1, self.n_heads).long()
 
+    def head_counts(self, pooled: torch.Tensor, budget: float | None, offset: float | None = None) -> torch.Tensor:
+        """Heads per layer each input runs, (batch,) long; a capped router without a budget is the
+        dense model (every head), as in the forward pass."""
+        if self.cfg.mode == "capped" and budget is None:
+            budget = 1.0
+        return self.heads_for(self.fraction(pooled, budget, offset))
+
     def decide(self, pooled: torch.Tensor, budget: float | None, offset: float | None = None) -> torch.Tensor:
         """Per-input head gates, (batch, n_layers, n_heads).
 

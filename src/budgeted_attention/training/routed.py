@@ -89,9 +89,8 @@ def _pooled(model: GatedModel, split: Split, batch_size: int) -> torch.Tensor:
 @torch.no_grad()
 def realised_cost(model: GatedModel, pooled: torch.Tensor, budget: float | None, offset: float | None = None) -> float:
     """Mean over inputs of the head fraction actually run, k / n_heads (k = ceil(s * H))."""
-    router = model.router
-    k = router.heads_for(router.fraction(pooled, budget, offset))
-    return float(k.float().mean()) / router.n_heads
+    k = model.router.head_counts(pooled, budget, offset)
+    return float(k.float().mean()) / model.router.n_heads
 
 
 @torch.no_grad()
@@ -165,11 +164,7 @@ def routing_summary(
     model.eval()
     router = model.router
     metrics = {} if task is None else task.evaluate(model, split, batch_size, budget=budget)
-    if router.cfg.mode == "capped" and (budget is None or budget >= 1.0):
-        heads = [router.n_heads] * len(split)
-    else:
-        pooled = _pooled(model, split, batch_size)
-        heads = [int(k) for k in router.heads_for(router.fraction(pooled, budget))]
+    heads = [int(k) for k in router.head_counts(_pooled(model, split, batch_size), budget)]
     dense = cost.total_flops()
     flops = [cost.total_flops([k] * router.n_layers) for k in heads]
     mean_flops = sum(flops) / len(flops)
