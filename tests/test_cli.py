@@ -222,3 +222,15 @@ def test_keyboard_interrupt_is_130(capsys, monkeypatch):
     monkeypatch.setattr(demo, "run_demo", interrupted)
     code, _, err = _run(["demo", "--quick", "--no-progress"], capsys)
     assert code == 130 and err.strip() == "baa: interrupted"
+
+
+def test_serve_refuses_bad_runs_and_settings_before_starting(tmp_path, capsys):
+    assert main(["serve", str(tmp_path / "nope")]) == 2
+    assert "run directory not found" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path), "--set", "max_batch_size=0"]) == 2
+    assert "serve.max_batch_size" in capsys.readouterr().err
+
+
+def test_serve_onnx_backend_needs_exported_graphs(tiny_run, capsys):
+    assert main(["serve", str(tiny_run), "--backend", "onnxruntime", "--onnx-dir", str(tiny_run / "none")]) == 2
+    assert "baa export" in capsys.readouterr().err

@@ -117,6 +117,27 @@ def build_parser() -> argparse.ArgumentParser:
     routing.add_argument("--no-soft-loss", action="store_true", help="skip the soft-routing loss (three T x T experts per layer)")
     routing.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
+    serve = sub.add_parser("serve", help="HTTP server: classify texts at a budget, a deadline or the server's latency target")
+    serve.add_argument("run_dir", help="run directory of 'baa experiment' (encoder or BERT-family classifier)")
+    serve.add_argument("--seed", type=int, default=None, help="which seed's budgeted-hard checkpoint (default: the first found)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=_positive_int, default=8000, help="port (default 8000)")
+    serve.add_argument("--workers", type=_positive_int, default=1, help="worker processes, each with its own model copy (default 1)")
+    serve.add_argument("--backend", choices=["torch", "onnxruntime"], default=None, help="model runtime (default: serve.backend, torch)")
+    serve.add_argument("--onnx-dir", help="graphs of 'baa export' for --backend onnxruntime (default RUN_DIR/onnx)")
+    serve.add_argument("--config", help="YAML file with the server settings (see docs/serving.md)")
+    serve.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one setting, e.g. --set target_p95_ms=50")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn log level")
+
+    export = sub.add_parser("export", help="export the pruned model of each budget as an ONNX graph, checked with ONNX Runtime")
+    export.add_argument("run_dir", help="run directory (or a budgeted-hard checkpoint .json)")
+    export.add_argument("--budget", dest="budgets", type=_budgets, default=None, help="comma-separated budgets (default 0.25,0.5,0.75,1)")
+    export.add_argument("--budgets", dest="budgets", type=_budgets, help=argparse.SUPPRESS)
+    export.add_argument("--format", choices=["onnx"], default="onnx", help="export format (default onnx)")
+    export.add_argument("--seed", type=int, default=None, help="which seed's checkpoint (default: the first found)")
+    export.add_argument("--out", help="output directory (default RUN_DIR/onnx)")
+    export.add_argument("--atol", type=_positive_float, default=1e-4, help="largest |ONNX Runtime - PyTorch| accepted (default 1e-4)")
+
     report = sub.add_parser("report", help="write a results document (Markdown + figures) from run directories")
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories, one section each, in this order")
     report.add_argument("--out", required=True, help="Markdown file to write, e.g. docs/results.md")
@@ -176,6 +197,29 @@ def _cmd_bench_routing(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from budgeted_attention.serving.cli import serve
+
+    serve(args)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description
+    from budgeted_attention.export.onnx import export_budgets
+    from budgeted_attention.recipes.bench import find_hard_checkpoint
+
+    checkpoint = find_hard_checkpoint(args.run_dir, args.seed, command="baa experiment")
+    parse_ranking(checkpoint, read_description(checkpoint))
+    model, description = load_model(checkpoint)
+    ranking = load_ranking(checkpoint, description, model)
+    default_out = Path(args.run_dir) / "onnx" if Path(args.run_dir).is_dir() else checkpoint.parent / "onnx"
+    export_budgets(model, ranking, args.budgets or [0.25, 0.5, 0.75, 1.0], args.out or default_out, atol=args.atol)
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -227,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _one_line_warning
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"demo": _cmd_demo, "experiment": _cmd_experiment, "lm": _cmd_lm, "bench": _cmd_bench, "bench-routing": _cmd_bench_routing, "report": _cmd_report}
+    handlers = {"demo": _cmd_demo, "experiment": _cmd_experiment, "lm": _cmd_lm, "bench": _cmd_bench, "bench-routing": _cmd_bench_routing, "report": _cmd_report,
+                "serve": _cmd_serve, "export": _cmd_export}
     try:
         return handlers[args.command](args)
     except OSError as exc:  # permission denied, --out below a regular file, disk full, ...

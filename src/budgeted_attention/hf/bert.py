@@ -68,6 +68,8 @@ class PrefixInputLinear(nn.Linear):
         return linear  # type: ignore[return-value]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.shape[1] == 0 or self.active_in == 0:  # a layer without heads: only the bias (no zero-width matmul)
+            return self.bias.expand(*x.shape[:-1], self.out_features)
         if self.input_index is not None:
             return F.linear(x, self.weight.index_select(1, self.input_index), self.bias)
         if self.active_in is None or self.active_in == self.in_features:

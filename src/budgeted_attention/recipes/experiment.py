@@ -308,6 +308,8 @@ class Experiment:
         self._stamp_config()
         init_run_dir(self.out, to_dict(cfg), cfg.seeds)
         write_json_atomic(self.out / "lengths.json", {"split": "train", "lengths": self.splits.train.lengths()})
+        if self.splits.class_names:  # what baa serve answers with
+            write_json_atomic(self.out / "labels.json", {"class_names": list(self.splits.class_names)})
 
     # ---------------------------------------------------------------- bookkeeping
 

@@ -1,0 +1,1 @@
+"""Deployment formats: ONNX graphs per budget (``baa export``)."""

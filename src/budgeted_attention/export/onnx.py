@@ -1,0 +1,145 @@
+"""ONNX export: one graph per budget, with the budget's per-layer head and FFN-group counts as
+constants, dynamic batch and sequence axes, checked against PyTorch with ONNX Runtime.
+
+The graph is traced from the physically pruned model (:func:`prune_to_budget`), so it holds only
+the kept heads' weights. A layer whose heads were all removed contributes only its output bias
+(the encoder's attention returns the bias; the BERT family's output projection returns its bias
+for zero input features), so the exported layer is LayerNorm(x + bias) with no zero-width matmul.
+
+The trace runs with a padded example batch, so the attention-mask path is the one recorded; an
+unpadded batch gives the same result through it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from budgeted_attention.budget import validate_budget
+from budgeted_attention.errors import BAAError
+from budgeted_attention.io import atomic_path, write_json_atomic
+from budgeted_attention.model.family import GatedModel
+from budgeted_attention.pruning.selection import Ranking
+from budgeted_attention.pruning.surgery import prune_to_budget
+
+OPSET = 17
+INPUTS = ("input_ids", "attention_mask")
+
+
+class ExportError(BAAError):
+    """An export failed or its graph does not reproduce the PyTorch model."""
+
+
+def graph_path(directory: str | Path, budget: float) -> Path:
+    """Where the graph of ``budget`` lives in an export directory: ``budget-0.5.onnx``."""
+    return Path(directory) / f"budget-{validate_budget(budget):g}.onnx"
+
+
+class _Logits(nn.Module):
+    """(input_ids, attention_mask) -> logits, the two-input signature the graph gets."""
+
+    def __init__(self, model: GatedModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, attention_mask)
+
+
+def example_inputs(model: GatedModel, batch: int, seq: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids (batch, seq) and a mask whose last row is half padding."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = model.input_embedding().num_embeddings
+    low = min(1000, vocab // 2) if model.family == "bert" else min(3, vocab - 1)
+    ids = torch.randint(low, vocab, (batch, seq), generator=generator)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    if batch > 1:
+        mask[-1, seq // 2 :] = 0
+    return ids, mask
+
+
+def make_session(path: str | Path, threads: int = 1):
+    """An ONNX Runtime CPU session with ``threads`` intra-op threads (one inter-op thread)."""
+    import onnxruntime as ort  # noqa: PLC0415
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def export_model(model: GatedModel, path: str | Path, *, opset: int = OPSET) -> Path:
+    """Trace ``model`` (already pruned or sliced to one budget) to ``path`` atomically."""
+    model = model.eval()
+    seq = min(16, model.max_len)
+    ids, mask = example_inputs(model, 2, seq)
+    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}, "logits": {0: "batch"}}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about Python control flow fixed at trace time
+        torch.onnx.export(
+            _Logits(model).eval(), (ids, mask), str(tmp), input_names=list(INPUTS), output_names=["logits"],
+            dynamic_axes=axes, opset_version=opset, dynamo=False, do_constant_folding=True,
+        )
+    return path
+
+
+def check_graph(model: GatedModel, path: str | Path, *, atol: float = 1e-4, shapes: tuple[tuple[int, int], ...] = ((1, 7), (3, 0))) -> float:
+    """Max |ONNX Runtime - PyTorch| over batches of other shapes than the trace's (seq 0 = max_len).
+
+    Raises:
+        ExportError: the difference exceeds ``atol``.
+    """
+    session = make_session(path)
+    worst = 0.0
+    for index, (batch, seq) in enumerate(shapes):
+        ids, mask = example_inputs(model, batch, seq or model.max_len, seed=index + 1)
+        with torch.inference_mode():
+            expected = model(ids, mask).float()
+        found = torch.from_numpy(session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0])
+        worst = max(worst, float((found - expected).abs().max()))
+    if worst > atol:
+        raise ExportError(f"ONNX Runtime output of '{path}' differs from PyTorch by {worst:.2e} (> {atol:g})")
+    return worst
+
+
+def export_budgets(
+    model: GatedModel, ranking: Ranking, budgets: list[float], out_dir: str | Path, *, atol: float = 1e-4, log=print,
+) -> dict[str, Any]:
+    """One checked graph per budget in ``out_dir`` plus ``export.json`` describing them."""
+    out = Path(out_dir)
+    graphs = []
+    for budget in budgets:
+        pruned = prune_to_budget(model, ranking, budget).eval()
+        path = export_model(pruned, graph_path(out, budget))
+        difference = check_graph(pruned, path, atol=atol)
+        graphs.append({
+            "budget": budget,
+            "file": path.name,
+            "heads_per_layer": pruned.heads_per_layer,
+            "groups_per_layer": pruned.groups_per_layer or None,
+            "bytes": os.path.getsize(path),
+            "max_abs_difference": difference,
+        })
+        log(f"budget {budget:g}: {path} (heads per layer {pruned.heads_per_layer}, max |ORT - torch| = {difference:.1e})")
+    summary = {"format": "onnx", "opset": OPSET, "inputs": list(INPUTS), "family": model.family, "graphs": graphs}
+    write_json_atomic(out / "export.json", summary)
+    return summary
+
+
+def read_export(out_dir: str | Path) -> dict[str, Any]:
+    """The ``export.json`` of an export directory."""
+    path = Path(out_dir) / "export.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ExportError(f"cannot read '{path}': {exc}") from exc

@@ -1,0 +1,279 @@
+"""The HTTP API of ``baa serve`` (FastAPI).
+
+* ``POST /v1/classify``: ``{"texts": [...], "budget": b}``, ``{"texts": [...], "latency_ms": d}``
+  or ``{"texts": [...]}`` (server policy) -> labels, class probabilities, the budget used and its
+  estimated cost.
+* ``GET /healthz`` (the process is alive), ``GET /readyz`` (model loaded and latency calibrated),
+  ``GET /metrics`` (Prometheus), ``GET /v1/info`` (model, budgets, latency table),
+  ``GET /openapi.json`` (the schema).
+
+Bad requests get a 4xx whose ``error`` names the problem: malformed JSON 400; a wrong type, a
+missing or unknown field, an empty list, a budget outside (0, 1] 422; too many or too long texts
+413. Overload gets 503 with ``Retry-After`` (queue full, deadline passed, not ready yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from budgeted_attention.serving.batcher import Batcher, DeadlineExpired, Overloaded
+from budgeted_attention.serving.config import ServeConfig
+from budgeted_attention.serving.latency import LatencyModel, calibrate
+from budgeted_attention.serving.metrics import ServerMetrics
+
+log = logging.getLogger("budgeted_attention.serve")
+ENV_SETTINGS = "BAA_SERVE_SETTINGS"  # JSON settings for worker processes (baa serve --workers N)
+
+
+class ClassifyRequest(BaseModel):
+    """Texts to classify, with an explicit budget, a deadline, or neither (the server's policy)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    texts: list[str] = Field(min_length=1, description="texts to classify (at least one)")
+    budget: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False, description="attention budget in (0, 1]")
+    latency_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False, description="deadline in milliseconds from arrival")
+
+
+class ClassifyResponse(BaseModel):
+    labels: list[str] = Field(description="predicted class name per text")
+    label_ids: list[int]
+    probabilities: list[list[float]] = Field(description="class probabilities per text, in the order of /v1/info labels")
+    budget: float = Field(description="the budget the texts ran at")
+    estimated_cost: float = Field(description="fraction of the dense model's budgeted FLOPs at that budget")
+    policy: str = Field(description="explicit, deadline or the server policy (slo / fixed)")
+    queue_ms: float = Field(description="time the request waited before its batch ran")
+    batch_size: int = Field(description="texts in the batch the request ran in")
+
+
+class ErrorResponse(BaseModel):
+    error: str
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
+    """(status, one line) for pydantic's errors: 400 for unparsable JSON, else 422 naming the field."""
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return 400, "malformed JSON body: " + str(errors[0].get("ctx", {}).get("error", errors[0].get("msg")))
+    parts = []
+    for error in errors[:3]:
+        location = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        message = error.get("msg", "invalid")
+        if error.get("type") == "extra_forbidden":
+            message = "unknown field"
+        parts.append(f"{location}: {message}")
+    return 422, "; ".join(parts)
+
+
+class ServerState:
+    """Everything the routes share; ``ready`` once the engine is loaded and calibrated."""
+
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.cfg = cfg
+        self.metrics = ServerMetrics()
+        self.engine: Any = None
+        self.batcher: Batcher | None = None
+        self.latency: LatencyModel | None = None
+        self.floor = 1.0
+        self.ready = False
+        self.failed: str | None = None
+        self.started = time.monotonic()
+        self.ready_seconds: float | None = None
+
+
+def calibrate_engine(engine: Any, cfg: ServeConfig, seq_len: int) -> LatencyModel:
+    """Time every configured budget at the calibration batch sizes with synthetic texts of ``seq_len`` tokens."""
+    import torch  # noqa: PLC0415
+
+    generator = torch.Generator().manual_seed(0)
+    vocab = engine.tokenizer.get_vocab_size()
+    low = min(1000, vocab // 2) if engine.family == "bert" else min(3, vocab - 1)
+
+    def run_batch(budget: float, size: int) -> float:
+        ids = torch.randint(low, vocab, (size, seq_len), generator=generator).tolist()
+        start = time.perf_counter()
+        engine.run(ids, budget)
+        return time.perf_counter() - start
+
+    return calibrate(run_batch, cfg.budgets, cfg.calibration_batch_sizes, seq_len=seq_len, warmup=cfg.warmup_batches)
+
+
+def calibration_length(engine: Any, cfg: ServeConfig) -> int:
+    """Tokens per text in the start-up timing: the config's, else the run's median, else 64 (capped at max_len)."""
+    if cfg.calibration_seq_len:
+        return min(cfg.calibration_seq_len, engine.max_len)
+    try:
+        lengths = sorted(json.loads((Path(engine.run_dir) / "lengths.json").read_text())["lengths"])
+        return min(int(lengths[len(lengths) // 2]), engine.max_len)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return min(64, engine.max_len)
+
+
+def create_app(
+    run_dir: str | Path | None,
+    cfg: ServeConfig,
+    *,
+    seed: int | None = None,
+    onnx_dir: str | Path | None = None,
+    engine: Any = None,
+) -> FastAPI:
+    """The server for a run directory's budgeted-hard model (or a given ``engine``, for tests).
+
+    The model loads in the background after start-up, so ``/healthz`` answers at once and
+    ``/readyz`` turns 200 when the model is loaded, warmed and its latency calibrated.
+    """
+    state = ServerState(cfg)
+
+    def load() -> None:
+        from budgeted_attention.serving.engine import Engine  # noqa: PLC0415
+
+        state.engine = engine if engine is not None else Engine(run_dir, cfg, seed=seed, onnx_dir=onnx_dir)
+        state.floor = state.engine.min_allowed_budget()
+        state.latency = calibrate_engine(state.engine, cfg, calibration_length(state.engine, cfg))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async def start() -> None:
+            try:
+                await asyncio.to_thread(load)
+            except Exception as exc:  # noqa: BLE001 - reported by /readyz and the log, the process stays up
+                state.failed = f"{type(exc).__name__}: {exc}"
+                log.error("baa serve: model failed to load: %s", state.failed)
+                return
+            state.batcher = Batcher(state.engine, cfg, state.latency, state.floor, state.metrics)
+            state.batcher.start()
+            state.ready = True
+            state.ready_seconds = time.monotonic() - state.started
+            log.info("baa serve: ready in %.1f s", state.ready_seconds)
+
+        loader = asyncio.create_task(start())
+        app.state.baa = state
+        yield
+        await loader
+        if state.batcher is not None:
+            await state.batcher.drain()  # in-flight and queued requests finish first
+
+    app = FastAPI(
+        title="budgeted_attention server",
+        version="1",
+        description="Text classification at an attention budget, a deadline, or the server's latency policy.",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        status, message = _validation_message(exc)
+        state.metrics.request(status)
+        return _error(status, message)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """The process is alive."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", responses={503: {"model": ErrorResponse}})
+    async def readyz() -> Any:
+        """200 once the model is loaded and warmed, else 503."""
+        if state.ready:
+            return {"status": "ready", "ready_seconds": round(state.ready_seconds or 0.0, 3)}
+        return _error(503, state.failed or "loading", {"Retry-After": "1"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body, content_type = state.metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    @app.get("/v1/info")
+    async def info() -> Any:
+        """Model, budgets with their estimated cost and validation accuracy, the latency model."""
+        if not state.ready:
+            return _error(503, state.failed or "loading", {"Retry-After": "1"})
+        return {
+            **state.engine.describe(),
+            "policy": cfg.policy,
+            "floor_budget": state.floor,
+            "latency_model": state.latency.as_dict(),
+            "config": asdict(cfg),
+            "pid": os.getpid(),
+        }
+
+    @app.post(
+        "/v1/classify",
+        response_model=ClassifyResponse,
+        responses={400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+    )
+    async def classify(body: ClassifyRequest) -> Any:
+        """Classify texts at ``budget``, within ``latency_ms``, or under the server's policy."""
+        arrival = time.perf_counter()
+        problem = _check_limits(body, cfg)
+        if problem:
+            state.metrics.request(problem[0])
+            return _error(*problem)
+        if body.budget is not None and body.latency_ms is not None:
+            state.metrics.request(422)
+            return _error(422, "give either budget or latency_ms, not both")
+        if not state.ready:
+            state.metrics.request(503)
+            return _error(503, state.failed or "model is loading", {"Retry-After": "1"})
+        ids = state.engine.tokenize(body.texts)
+        budget = cfg.snap_budget(body.budget) if body.budget is not None else None
+        try:
+            result = await state.batcher.submit(ids, budget, body.latency_ms)
+        except Overloaded as exc:
+            state.metrics.request(503)
+            return _error(503, str(exc), {"Retry-After": str(exc.retry_after)})
+        except DeadlineExpired as exc:
+            state.metrics.request(503)
+            return _error(503, str(exc), {"Retry-After": "1"})
+        probabilities = result.probabilities
+        label_ids = probabilities.argmax(dim=-1).tolist()
+        policy = "explicit" if body.budget is not None else "deadline" if body.latency_ms is not None else cfg.policy
+        state.metrics.request(200, time.perf_counter() - arrival, result.budget)
+        return ClassifyResponse(
+            labels=[state.engine.labels[i] for i in label_ids],
+            label_ids=label_ids,
+            probabilities=[[round(p, 6) for p in row] for row in probabilities.tolist()],
+            budget=result.budget,
+            estimated_cost=round(state.engine.costs[result.budget], 4),
+            policy=policy,
+            queue_ms=round(result.queue_ms, 3),
+            batch_size=result.batch_size,
+        )
+
+    return app
+
+
+def _check_limits(body: ClassifyRequest, cfg: ServeConfig) -> tuple[int, str] | None:
+    """413 for too many or too long texts (the limits of serve.max_texts / serve.max_text_chars)."""
+    if len(body.texts) > cfg.max_texts:
+        return 413, f"texts: {len(body.texts)} texts, the limit is serve.max_texts = {cfg.max_texts}"
+    for index, text in enumerate(body.texts):
+        if len(text) > cfg.max_text_chars:
+            return 413, f"texts[{index}]: {len(text)} characters, the limit is serve.max_text_chars = {cfg.max_text_chars}"
+    return None
+
+
+def app_from_env() -> FastAPI:
+    """App factory for uvicorn worker processes (``baa serve --workers N``): settings from the environment."""
+    from budgeted_attention.config import from_dict  # noqa: PLC0415
+
+    settings = json.loads(os.environ[ENV_SETTINGS])
+    cfg = from_dict(ServeConfig, settings["serve"], "serve")
+    return create_app(settings["run_dir"], cfg, seed=settings.get("seed"), onnx_dir=settings.get("onnx_dir"))

@@ -1,0 +1,289 @@
+"""Dynamic batching by budget, and the SLO policy that picks each batch's budget.
+
+Requests wait in one bounded queue (counted in texts). A single worker coroutine takes the oldest
+request, waits up to ``max_wait_ms`` for others of the same kind to fill the batch, and runs the
+batch in one worker thread (the event loop keeps accepting and shedding meanwhile):
+
+* requests with an explicit budget batch with requests of the same (snapped) budget;
+* requests with a deadline (``latency_ms``, or the server's target under the ``slo`` policy)
+  batch together, and the batch runs at the largest budget whose predicted completion meets the
+  earliest deadline in it *and* leaves the backlog behind it on time (:func:`pick_budget`), never
+  below the floor.
+
+Every budget runs on the same weights (the engine's sliced model), so batching by budget copies
+nothing. A full queue refuses new work (:class:`Overloaded`, HTTP 503 with ``Retry-After``); a
+request whose deadline passed while it waited is dropped (:class:`DeadlineExpired`) when
+``shed_expired`` is on, so an overloaded server spends its time on requests that can still make it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from budgeted_attention.serving.config import ServeConfig
+from budgeted_attention.serving.latency import LatencyModel, pick_budget
+
+SLO = "slo"  # the batching key of requests whose budget the policy picks
+
+
+class Overloaded(Exception):
+    """The queue is full; ``retry_after`` is a suggested wait in seconds."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class DeadlineExpired(Exception):
+    """The request's deadline passed before it could run."""
+
+
+class Runner(Protocol):
+    """What the batcher needs of the engine: run token ids at a budget, return probabilities."""
+
+    def run(self, ids: list[list[int]], budget: float) -> Any: ...
+
+
+class BatchObserver(Protocol):
+    """Metrics hooks (see :mod:`budgeted_attention.serving.metrics`)."""
+
+    def batch(self, budget: float, n_texts: int, seconds: float) -> None: ...
+
+    def shed(self, reason: str, n: int = 1) -> None: ...
+
+    def queue(self, n_texts: int) -> None: ...
+
+
+@dataclass
+class Job:
+    """One request in the queue.
+
+    Attributes:
+        ids: token ids per text (unpadded).
+        key: the budget (explicit requests) or :data:`SLO`.
+        deadline_ms: monotonic milliseconds by which the answer is due (``inf``: none).
+        arrival_ms: monotonic milliseconds at admission.
+    """
+
+    ids: list[list[int]]
+    key: float | str
+    deadline_ms: float
+    arrival_ms: float
+    future: asyncio.Future = field(repr=False)
+
+    @property
+    def n_texts(self) -> int:
+        return len(self.ids)
+
+    @property
+    def n_tokens(self) -> int:
+        return max(len(x) for x in self.ids)
+
+
+@dataclass
+class BatchResult:
+    """What a request gets back: its rows of the batch's probabilities and how they were made."""
+
+    probabilities: Any
+    budget: float
+    queue_ms: float
+    batch_size: int
+
+
+def now_ms() -> float:
+    return time.monotonic() * 1e3
+
+
+class Batcher:
+    """The queue and its worker. Use from one event loop: ``await submit(...)``; ``start()`` /
+    ``await drain()`` around the server's life."""
+
+    def __init__(self, runner: Runner, cfg: ServeConfig, latency: LatencyModel, floor: float, observer: BatchObserver | None = None) -> None:
+        self.runner = runner
+        self.cfg = cfg
+        self.latency = latency
+        self.floor = floor
+        self.observer = observer
+        self.queue: deque[Job] = deque()
+        self.queued_texts = 0
+        self.budget_in_use: float | None = None
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task | None = None
+        # One thread: model calls never overlap (each already uses cfg.threads cores).
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="baa-model")
+
+    # ------------------------------------------------------------------ life cycle
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._work(), name="baa-batcher")
+
+    async def drain(self) -> None:
+        """Finish every queued request, then stop the worker (graceful shutdown)."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        self._executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ admission
+
+    async def submit(self, ids: list[list[int]], budget: float | None, latency_ms: float | None) -> BatchResult:
+        """Queue one request and wait for its answer.
+
+        Args:
+            budget: an explicit budget (already snapped to a configured one), or None.
+            latency_ms: the request's deadline from now, or None (then the policy decides).
+
+        Raises:
+            Overloaded: the queue cannot take ``len(ids)`` more texts.
+            DeadlineExpired: the deadline passed while the request waited.
+        """
+        if self._stopping:
+            raise Overloaded("server is shutting down", retry_after=1)
+        if self.queued_texts + len(ids) > self.cfg.max_queue:
+            if self.observer:
+                self.observer.shed("queue_full", 1)
+            raise Overloaded(
+                f"queue full ({self.queued_texts} texts waiting, limit serve.max_queue = {self.cfg.max_queue})",
+                retry_after=self._retry_after(),
+            )
+        arrival = now_ms()
+        if budget is not None:
+            key: float | str = budget
+            deadline = arrival + latency_ms if latency_ms is not None else math.inf
+        elif latency_ms is not None:
+            key, deadline = SLO, arrival + latency_ms
+        elif self.cfg.policy == "slo":
+            key, deadline = SLO, arrival + self.cfg.target_p95_ms
+        else:
+            key, deadline = self.cfg.snap_budget(self.cfg.default_budget), math.inf
+        job = Job(ids, key, deadline, arrival, asyncio.get_running_loop().create_future())
+        self.queue.append(job)
+        self.queued_texts += job.n_texts
+        self._report_queue()
+        self._wake.set()
+        return await job.future
+
+    def _retry_after(self) -> int:
+        """Seconds until the queue has drained at the floor budget, rounded up (at least 1)."""
+        per_batch = self.latency.predict_ms(self.floor, self.cfg.max_batch_size, self.latency.seq_len)
+        batches = math.ceil(self.queued_texts / self.cfg.max_batch_size)
+        return max(1, math.ceil(batches * per_batch / 1e3))
+
+    def _report_queue(self) -> None:
+        if self.observer:
+            self.observer.queue(self.queued_texts)
+
+    # ------------------------------------------------------------------ the worker
+
+    async def _work(self) -> None:
+        while True:
+            if not self.queue:
+                if self._stopping:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._fill(self.queue[0])
+            self._shed_expired()
+            if not self.queue:
+                continue
+            jobs = self._take_batch()
+            budget = self._choose_budget(jobs)
+            await self._run(jobs, budget)
+
+    async def _fill(self, first: Job) -> None:
+        """Wait until the first job's batch is full or it has waited ``max_wait_ms``."""
+        while not self._stopping:
+            waiting = sum(j.n_texts for j in self.queue if j.key == first.key)
+            remaining = first.arrival_ms + self.cfg.max_wait_ms - now_ms()
+            if waiting >= self.cfg.max_batch_size or remaining <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), remaining / 1e3)
+            except TimeoutError:
+                return
+
+    def _shed_expired(self) -> None:
+        if not self.cfg.shed_expired:
+            return
+        clock = now_ms()
+        expired = [j for j in self.queue if j.deadline_ms < clock]
+        for job in expired:
+            self.queue.remove(job)
+            self.queued_texts -= job.n_texts
+            if not job.future.done():
+                job.future.set_exception(DeadlineExpired(f"deadline passed after {clock - job.arrival_ms:.0f} ms in the queue"))
+        if expired:
+            if self.observer:
+                self.observer.shed("deadline_expired", len(expired))
+            self._report_queue()
+
+    def _take_batch(self) -> list[Job]:
+        """The oldest job and the following jobs of the same key, up to ``max_batch_size`` texts
+        (a single job larger than that runs alone)."""
+        first = self.queue[0]
+        jobs, texts = [], 0
+        for job in list(self.queue):
+            if job.key != first.key:
+                continue
+            if jobs and texts + job.n_texts > self.cfg.max_batch_size:
+                break
+            jobs.append(job)
+            texts += job.n_texts
+        for job in jobs:
+            self.queue.remove(job)
+        self.queued_texts -= texts
+        self._report_queue()
+        return jobs
+
+    def _choose_budget(self, jobs: list[Job]) -> float:
+        key = jobs[0].key
+        if key != SLO:
+            return float(key)
+        current = (sum(j.n_texts for j in jobs), max(j.n_tokens for j in jobs), min(j.deadline_ms for j in jobs))
+        return pick_budget(self.latency, [current, *self._backlog()], now_ms(), self.floor)
+
+    def _backlog(self) -> list[tuple[int, int, float]]:
+        """The queued jobs as the batches they would form, in order: (texts, tokens, earliest deadline)."""
+        batches: list[tuple[int, int, float]] = []
+        texts, tokens, deadline = 0, 0, math.inf
+        for job in self.queue:
+            if texts and texts + job.n_texts > self.cfg.max_batch_size:
+                batches.append((texts, tokens, deadline))
+                texts, tokens, deadline = 0, 0, math.inf
+            texts += job.n_texts
+            tokens = max(tokens, job.n_tokens)
+            deadline = min(deadline, job.deadline_ms)
+        if texts:
+            batches.append((texts, tokens, deadline))
+        return batches
+
+    async def _run(self, jobs: list[Job], budget: float) -> None:
+        ids = [x for job in jobs for x in job.ids]
+        start = now_ms()
+        self.budget_in_use = budget
+        try:
+            probabilities = await asyncio.get_running_loop().run_in_executor(self._executor, self.runner.run, ids, budget)
+        except Exception as exc:  # noqa: BLE001 - every waiting request gets the error, the worker lives on
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return
+        elapsed = now_ms() - start
+        self.latency.observe(budget, len(ids), max(len(x) for x in ids), elapsed)
+        if self.observer:
+            self.observer.batch(budget, len(ids), elapsed / 1e3)
+        row = 0
+        for job in jobs:
+            if not job.future.done():  # a client that went away cancelled its future
+                job.future.set_result(BatchResult(probabilities[row : row + job.n_texts], budget, start - job.arrival_ms, len(ids)))
+            row += job.n_texts

@@ -1,0 +1,96 @@
+"""Settings of ``baa serve``: batching, the latency target, limits on requests and the queue.
+
+Built from a YAML file (``--config``) and ``--set key=value`` overrides like every other config;
+unknown keys and bad values fail with the key named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from budgeted_attention.config import check_bool, check_budgets, check_float, check_int, check_int_list
+from budgeted_attention.errors import ConfigError
+
+BACKENDS = ("torch", "onnxruntime")
+POLICIES = ("slo", "fixed")
+
+
+@dataclass
+class ServeConfig:
+    """Server settings.
+
+    Attributes:
+        backend: ``torch`` (one sorted weight layout, any budget by prefix slicing) or
+            ``onnxruntime`` (one exported graph per budget in ``budgets``; see ``baa export``).
+        budgets: the operating points the SLO policy chooses among (and the graphs exported for
+            the ONNX backend); a request's explicit budget is rounded down to one of them.
+        policy: what a request without ``budget`` or ``latency_ms`` gets: ``slo`` (the largest
+            budget whose predicted completion meets ``target_p95_ms``) or ``fixed`` (``default_budget``).
+        default_budget: the budget of the ``fixed`` policy.
+        target_p95_ms: the latency target of the ``slo`` policy, milliseconds from arrival.
+        min_budget: the SLO policy never goes below this budget.
+        min_accuracy: if > 0, also never below the smallest budget whose validation accuracy
+            (the run's results, never test) is at least this fraction.
+        max_batch_size: texts per model call.
+        max_wait_ms: how long the first request of a batch waits for others.
+        max_texts: texts per request.
+        max_text_chars: characters per text (longer texts are refused, not truncated silently;
+            the tokenizer still truncates to the model's max_len tokens).
+        max_queue: texts waiting at most; more are shed with 503 and ``Retry-After``.
+        shed_expired: drop a request whose deadline passed while it waited (503), so an
+            overloaded server spends its time on requests that can still make it.
+        threads: torch / onnxruntime intra-op threads per worker process.
+        warmup_batches: model calls per (budget, batch size) before timing at start-up.
+        calibration_batch_sizes: batch sizes timed at start-up (others are interpolated).
+        calibration_seq_len: tokens per text in the start-up timing (0: the run's median length).
+    """
+
+    backend: str = "torch"
+    budgets: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
+    policy: str = "slo"
+    default_budget: float = 1.0
+    target_p95_ms: float = 100.0
+    min_budget: float = 0.25
+    min_accuracy: float = 0.0
+    max_batch_size: int = 16
+    max_wait_ms: float = 5.0
+    max_texts: int = 64
+    max_text_chars: int = 2000
+    max_queue: int = 256
+    shed_expired: bool = True
+    threads: int = 1
+    warmup_batches: int = 2
+    calibration_batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
+    calibration_seq_len: int = 0
+
+    def __post_init__(self) -> None:
+        """Check every value, naming ``serve.<key>``."""
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"serve.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.policy not in POLICIES:
+            raise ConfigError(f"serve.policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        self.budgets = sorted(check_budgets(self.budgets, "serve.budgets"))
+        self.default_budget = check_float(self.default_budget, "serve.default_budget", gt=0.0, le=1.0)
+        self.target_p95_ms = check_float(self.target_p95_ms, "serve.target_p95_ms", gt=0.0)
+        self.min_budget = check_float(self.min_budget, "serve.min_budget", gt=0.0, le=1.0)
+        self.min_accuracy = check_float(self.min_accuracy, "serve.min_accuracy", ge=0.0, le=1.0)
+        if self.min_budget > self.budgets[-1]:
+            raise ConfigError(f"serve.min_budget ({self.min_budget}) is above every budget in serve.budgets {self.budgets}")
+        check_int(self.max_batch_size, "serve.max_batch_size", ge=1)
+        self.max_wait_ms = check_float(self.max_wait_ms, "serve.max_wait_ms", ge=0.0)
+        check_int(self.max_texts, "serve.max_texts", ge=1)
+        check_int(self.max_text_chars, "serve.max_text_chars", ge=1)
+        check_int(self.max_queue, "serve.max_queue", ge=1)
+        if self.max_queue < self.max_texts:
+            raise ConfigError(f"serve.max_queue ({self.max_queue}) must hold one full request (serve.max_texts = {self.max_texts})")
+        check_bool(self.shed_expired, "serve.shed_expired")
+        check_int(self.threads, "serve.threads", ge=1)
+        check_int(self.warmup_batches, "serve.warmup_batches", ge=0)
+        sizes = check_int_list(self.calibration_batch_sizes, "serve.calibration_batch_sizes", ge=1)
+        self.calibration_batch_sizes = sorted({min(s, self.max_batch_size) for s in sizes} | {1, self.max_batch_size})
+        check_int(self.calibration_seq_len, "serve.calibration_seq_len", ge=0)
+
+    def snap_budget(self, budget: float) -> float:
+        """The largest configured budget not above ``budget`` (the smallest one if all are above)."""
+        below = [b for b in self.budgets if b <= budget + 1e-9]
+        return below[-1] if below else self.budgets[0]

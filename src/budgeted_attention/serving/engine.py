@@ -1,0 +1,226 @@
+"""What the server runs: a run directory's budgeted-hard model, its tokenizer and labels, behind
+one ``classify(texts, budget)`` call for either backend.
+
+* ``torch``: one copy of the weights sorted by the checkpoint's ranking
+  (:class:`~budgeted_attention.pruning.switching.SlicedModel`); a budget switch only changes the
+  per-layer head and FFN-group counts, so every budget shares the same weights.
+* ``onnxruntime``: one graph per budget written by ``baa export`` (constant per-layer counts).
+
+The engine is not thread-safe: the batcher calls it from one worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description
+from budgeted_attention.errors import CheckpointError, ConfigError
+from budgeted_attention.pruning.selection import Ranking, UnitRanking
+from budgeted_attention.pruning.switching import SlicedModel
+from budgeted_attention.recipes.bench import find_hard_checkpoint
+from budgeted_attention.serving.config import ServeConfig
+
+
+@dataclass
+class Prediction:
+    """Output of one model call.
+
+    Attributes:
+        probabilities: (n_texts, n_classes) class probabilities.
+        budget: the budget the call ran at.
+        seconds: wall time of tokenisation + forward pass.
+        n_tokens: padded sequence length of the batch.
+    """
+
+    probabilities: torch.Tensor
+    budget: float
+    seconds: float
+    n_tokens: int
+
+
+def kept_cost(ranking: Ranking, budget: float) -> float:
+    """Fraction of the budgeted FLOPs the hard model at ``budget`` keeps (heads, or heads and FFN groups)."""
+    if isinstance(ranking, UnitRanking):
+        return float(ranking.kept_cost(budget))
+    return ranking.count_for_budget(budget) / ranking.total_heads
+
+
+def run_labels(run_dir: Path, n_classes: int) -> list[str]:
+    """Class names of a run: ``labels.json`` (written by the pipeline), else the data source's
+    names from the run's config, else ``class_0...``."""
+    path = run_dir / "labels.json"
+    if path.is_file():
+        try:
+            names = json.loads(path.read_text(encoding="utf-8"))["class_names"]
+            if isinstance(names, list) and len(names) == n_classes:
+                return [str(n) for n in names]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError):
+            pass
+    try:
+        from budgeted_attention.config import load_yaml  # noqa: PLC0415
+        from budgeted_attention.data.sources import load_source  # noqa: PLC0415
+        from budgeted_attention.data.text import TextDataConfig  # noqa: PLC0415
+        from budgeted_attention.config import from_dict  # noqa: PLC0415
+
+        data = load_yaml(run_dir / "config.yaml").get("data", {})
+        names = list(load_source(from_dict(TextDataConfig, data, "data")).class_names)
+        if len(names) == n_classes:
+            return names
+    except Exception:  # noqa: BLE001 - labels are cosmetic; the synthetic task has no source names
+        pass
+    return [f"class_{i}" for i in range(n_classes)]
+
+
+def validation_accuracy(run_dir: Path, seed: int) -> dict[float, float]:
+    """Validation accuracy of the run's budgeted-hard model per budget (``results.json``; never test)."""
+    path = run_dir / "results.json"
+    if not path.is_file():
+        return {}
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return {}
+    return {
+        float(r["budget"]): float(r["val_accuracy"])
+        for r in rows
+        if r.get("method") == "budgeted-hard" and r.get("seed") == seed and r.get("val_accuracy") is not None
+    }
+
+
+class Engine:
+    """A run's budgeted-hard model, ready to classify texts at any configured budget."""
+
+    def __init__(self, run_dir: str | Path, cfg: ServeConfig, *, seed: int | None = None, onnx_dir: str | Path | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.cfg = cfg
+        checkpoint = find_hard_checkpoint(self.run_dir, seed, command="baa experiment")
+        description = read_description(checkpoint)
+        parse_ranking(checkpoint, description)
+        self.checkpoint = checkpoint
+        self.seed = int(description.get("seed", seed or 0))
+        model, description = load_model(checkpoint)
+        if getattr(model, "family", "") not in ("encoder", "bert"):
+            raise CheckpointError(f"'{checkpoint}' is a {model.family!r} model; baa serve classifies texts (encoder or bert runs)")
+        self.ranking = load_ranking(checkpoint, description, model)
+        self.family = model.family
+        self.max_len = int(model.max_len)
+        self.tokenizer = self._load_tokenizer()
+        self.n_classes = int(self._n_classes(model))
+        self.labels = run_labels(self.run_dir if self.run_dir.is_dir() else checkpoint.parent, self.n_classes)
+        self.val_accuracy = validation_accuracy(self.run_dir, self.seed) if self.run_dir.is_dir() else {}
+        self.costs = {b: kept_cost(self.ranking, b) for b in cfg.budgets}
+        torch.set_num_threads(cfg.threads)
+        self.sliced: SlicedModel | None = None
+        self.sessions: dict[float, Any] = {}
+        if cfg.backend == "torch":
+            self.sliced = SlicedModel(model, self.ranking).eval()
+        else:
+            self._load_onnx(Path(onnx_dir) if onnx_dir else self.run_dir / "onnx")
+
+    # ------------------------------------------------------------------ loading
+
+    def _load_tokenizer(self) -> Tokenizer:
+        path = (self.run_dir if self.run_dir.is_dir() else self.checkpoint.parent) / "tokenizer.json"
+        if not path.is_file():
+            raise CheckpointError(f"no tokenizer.json in '{path.parent}' (baa serve needs the run's tokenizer)")
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception type
+            raise CheckpointError(f"cannot read tokenizer '{path}': {exc}") from exc
+        if tokenizer.padding is None:
+            raise CheckpointError(f"tokenizer '{path}' does not pad (not written by baa)")
+        self.pad_id = int(tokenizer.padding["pad_id"])
+        tokenizer.no_padding()  # the batcher pads whole batches (requests are tokenised one by one)
+        tokenizer.enable_truncation(max_length=self.max_len)
+        return tokenizer
+
+    @staticmethod
+    def _n_classes(model: torch.nn.Module) -> int:
+        config = getattr(model, "config", None)
+        if config is not None and hasattr(config, "n_classes"):
+            return config.n_classes
+        return model.hf.config.num_labels  # the BERT family
+
+    def _load_onnx(self, onnx_dir: Path) -> None:
+        from budgeted_attention.export.onnx import graph_path, make_session  # noqa: PLC0415
+
+        missing = [b for b in self.cfg.budgets if not graph_path(onnx_dir, b).is_file()]
+        if missing:
+            raise ConfigError(
+                f"--backend onnxruntime needs one graph per budget in '{onnx_dir}'; missing {missing} "
+                f"(run 'baa export {self.run_dir} --budgets {','.join(str(b) for b in self.cfg.budgets)}')"
+            )
+        self.sessions = {b: make_session(graph_path(onnx_dir, b), self.cfg.threads) for b in self.cfg.budgets}
+
+    # ------------------------------------------------------------------ inference
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, truncated to the model's ``max_len``, unpadded."""
+        return [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
+
+    def pad(self, ids: list[list[int]], pad_to: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(batch, seq) token ids and attention mask, right-padded to the longest text (or ``pad_to``)."""
+        length = max(pad_to, max(len(x) for x in ids))
+        batch = torch.full((len(ids), length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(ids), length), dtype=torch.long)
+        for row, tokens in enumerate(ids):
+            batch[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            mask[row, : len(tokens)] = 1
+        return batch, mask
+
+    def run(self, ids: list[list[int]], budget: float, pad_to: int = 0) -> torch.Tensor:
+        """(batch, n_classes) class probabilities of token ids at ``budget`` (a configured budget)."""
+        input_ids, mask = self.pad(ids, pad_to)
+        if self.sliced is not None:
+            with torch.inference_mode():
+                if self.sliced.budget != budget:
+                    self.sliced.set_budget(budget)
+                logits = self.sliced(input_ids, mask)
+        else:
+            feed = {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()}
+            logits = torch.from_numpy(self.sessions[budget].run(None, feed)[0])
+        return torch.softmax(logits.float(), dim=-1)
+
+    def classify(self, texts: list[str], budget: float, pad_to: int = 0) -> Prediction:
+        """Class probabilities of ``texts`` at ``budget``, timed (tokenisation included)."""
+        start = time.perf_counter()
+        ids = self.tokenize(texts)
+        probabilities = self.run(ids, budget, pad_to)
+        return Prediction(probabilities, budget, time.perf_counter() - start, max(pad_to, max(len(x) for x in ids)))
+
+    def min_allowed_budget(self) -> float:
+        """The SLO policy's floor: ``min_budget``, raised to the smallest budget whose validation
+        accuracy meets ``min_accuracy`` when that is set."""
+        # The smallest configured budget at or above min_budget (the config checks one exists).
+        floor = min(b for b in self.cfg.budgets if b >= self.cfg.min_budget - 1e-9)
+        if self.cfg.min_accuracy > 0:
+            meeting = [b for b in self.cfg.budgets if self.val_accuracy.get(b, -1.0) >= self.cfg.min_accuracy]
+            if not meeting:
+                raise ConfigError(
+                    f"serve.min_accuracy ({self.cfg.min_accuracy}) is met by no budget in {self.cfg.budgets} "
+                    f"(validation accuracy: {self.val_accuracy or 'not in results.json'})"
+                )
+            floor = max(floor, min(meeting))
+        return floor
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/info reports."""
+        return {
+            "run_dir": str(self.run_dir),
+            "checkpoint": str(self.checkpoint),
+            "family": self.family,
+            "seed": self.seed,
+            "backend": self.cfg.backend,
+            "budgets": self.cfg.budgets,
+            "estimated_cost": {str(b): round(c, 4) for b, c in self.costs.items()},
+            "validation_accuracy": {str(b): round(a, 4) for b, a in sorted(self.val_accuracy.items())},
+            "labels": self.labels,
+            "max_len": self.max_len,
+        }

@@ -1,0 +1,78 @@
+import json
+
+import pytest
+import torch
+
+onnx = pytest.importorskip("onnx", reason="the serve extra is not installed")
+pytest.importorskip("onnxruntime", reason="the serve extra is not installed")
+from budgeted_attention.cli import main  # noqa: E402
+from budgeted_attention.export.onnx import check_graph, export_budgets, export_model, graph_path, make_session  # noqa: E402
+from budgeted_attention.pruning.selection import HeadRanking  # noqa: E402
+from budgeted_attention.serving.config import ServeConfig  # noqa: E402
+from budgeted_attention.serving.engine import Engine  # noqa: E402
+
+
+def zero_width_initializers(path):
+    graph = onnx.load(str(path)).graph
+    return [init.name for init in graph.initializer if 0 in init.dims]
+
+
+def test_encoder_with_uneven_and_empty_layers_exports_equal_outputs(tiny_model, tmp_path):
+    tiny_model.keep_heads([[0, 2], [], [3]])
+    path = export_model(tiny_model, tmp_path / "m.onnx")
+    assert check_graph(tiny_model, path, shapes=((1, 5), (4, 16), (2, 9))) <= 1e-4
+    assert zero_width_initializers(path) == []  # the empty layer is LayerNorm(x + bias), no zero-width matmul
+
+
+def test_bert_family_with_an_empty_layer_exports_equal_outputs(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from budgeted_attention.hf.bert import GatedBertClassifier
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+                     num_labels=3, max_position_embeddings=32, attn_implementation="sdpa")
+    model = GatedBertClassifier(BertForSequenceClassification(cfg)).eval()
+    model.keep_heads([[0, 2, 3], [], [1]])
+    path = export_model(model, tmp_path / "bert.onnx")
+    assert check_graph(model, path, shapes=((1, 5), (3, 32), (2, 11))) <= 1e-4
+    assert zero_width_initializers(path) == []
+    ops = {node.op_type for node in onnx.load(str(path)).graph.node}
+    assert "MatMul" in ops or "Gemm" in ops
+
+
+def test_export_budgets_writes_one_checked_graph_per_budget(tiny_model, tmp_path):
+    ranking = HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(2)))
+    summary = export_budgets(tiny_model, ranking, [0.25, 1.0], tmp_path / "onnx", log=lambda *_: None)
+    assert [g["budget"] for g in summary["graphs"]] == [0.25, 1.0]
+    assert summary["graphs"][0]["heads_per_layer"] == ranking.heads_per_layer(0.25)
+    assert graph_path(tmp_path / "onnx", 0.25).is_file() and (tmp_path / "onnx" / "export.json").is_file()
+    small, full = (graph_path(tmp_path / "onnx", b).stat().st_size for b in (0.25, 1.0))
+    assert small < full
+
+
+def test_cli_export_and_onnxruntime_engine_equal_torch(tiny_run, tmp_path, capsys):
+    out = tmp_path / "graphs"
+    assert main(["export", str(tiny_run), "--budget", "0.5,1", "--out", str(out)]) == 0
+    summary = json.loads((out / "export.json").read_text())
+    assert [g["budget"] for g in summary["graphs"]] == [0.5, 1.0]
+    texts = ["shares fall as the market opens", "the team won", "a"]
+    torch_engine = Engine(tiny_run, ServeConfig(budgets=[0.5, 1.0], min_budget=0.5))
+    onnx_engine = Engine(tiny_run, ServeConfig(budgets=[0.5, 1.0], min_budget=0.5, backend="onnxruntime"), onnx_dir=out)
+    for budget in (0.5, 1.0):
+        assert torch.allclose(torch_engine.classify(texts, budget).probabilities, onnx_engine.classify(texts, budget).probabilities, atol=1e-5)
+
+
+def test_cli_export_errors_are_one_line(tmp_path, capsys):
+    assert main(["export", str(tmp_path / "nope")]) == 2
+    assert "run directory not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["export", str(tmp_path), "--budget", "1.5"])
+    assert info.value.code == 2
+
+
+def test_session_uses_the_requested_threads(tiny_model, tmp_path):
+    path = export_model(tiny_model, tmp_path / "m.onnx")
+    session = make_session(path, threads=1)
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask"]

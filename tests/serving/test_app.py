@@ -1,0 +1,172 @@
+import json
+import time
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed")
+from fastapi.testclient import TestClient  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from budgeted_attention.serving.app import create_app  # noqa: E402
+from budgeted_attention.serving.config import ServeConfig  # noqa: E402
+
+FAST = dict(warmup_batches=0, calibration_batch_sizes=[1], max_texts=4, max_text_chars=200, max_batch_size=4)
+
+
+def wait_ready(client, seconds=60.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        response = client.get("/readyz")
+        if response.status_code == 200:
+            return response
+        assert response.status_code == 503
+        time.sleep(0.05)
+    raise AssertionError("server never became ready")
+
+
+@pytest.fixture(scope="module")
+def client(tiny_run):
+    app = create_app(tiny_run, ServeConfig(budgets=[0.25, 0.5, 1.0], **FAST))
+    with TestClient(app) as c:
+        wait_ready(c)
+        yield c
+
+
+def test_health_ready_and_info(client, tiny_run):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    info = client.get("/v1/info").json()
+    assert info["budgets"] == [0.25, 0.5, 1.0]
+    assert info["labels"] == json.loads((tiny_run / "labels.json").read_text())["class_names"]
+    assert set(info["latency_model"]["table_ms"]) == {"0.25", "0.5", "1.0"}
+    assert set(info["validation_accuracy"]) == {"0.25", "0.5", "1.0"}  # from results.json, never test
+
+
+def test_classify_at_a_budget_matches_the_pruned_model(client, tiny_run):
+    import torch
+
+    from budgeted_attention.checkpoint import load_model, load_ranking
+    from budgeted_attention.pruning.surgery import prune_to_budget
+    from budgeted_attention.serving.config import ServeConfig
+    from budgeted_attention.serving.engine import Engine
+
+    texts = ["shares fall as the market opens", "the team won the match"]
+    body = client.post("/v1/classify", json={"texts": texts, "budget": 0.5}).json()
+    assert body["budget"] == 0.5 and body["policy"] == "explicit" and len(body["probabilities"]) == 2
+    assert 0 < body["estimated_cost"] <= 0.5 + 1e-9
+    engine = Engine(tiny_run, ServeConfig(**FAST))
+    checkpoint = tiny_run / "checkpoints" / "seed0" / "budgeted-hard.json"
+    model, description = load_model(checkpoint)
+    pruned = prune_to_budget(model, load_ranking(checkpoint, description, model), 0.5)
+    ids, mask = engine.pad(engine.tokenize(texts))
+    with torch.no_grad():
+        expected = torch.softmax(pruned(ids, mask), dim=-1)
+    assert torch.allclose(torch.tensor(body["probabilities"]), expected, atol=1e-5)
+    assert body["labels"] == [engine.labels[i] for i in expected.argmax(-1).tolist()]
+
+
+def test_budgets_snap_down_to_a_configured_one(client):
+    assert client.post("/v1/classify", json={"texts": ["a"], "budget": 0.7}).json()["budget"] == 0.5
+    assert client.post("/v1/classify", json={"texts": ["a"], "budget": 0.1}).json()["budget"] == 0.25
+
+
+def test_deadline_and_policy_requests(client):
+    body = client.post("/v1/classify", json={"texts": ["a"], "latency_ms": 5000}).json()
+    assert body["policy"] == "deadline" and body["budget"] == 1.0
+    assert client.post("/v1/classify", json={"texts": ["a"]}).json()["policy"] == "slo"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ('{"texts": [', 400, "malformed JSON"),
+        ({"texts": []}, 422, "texts"),
+        ({"texts": ["a"], "budget": 0}, 422, "budget"),
+        ({"texts": ["a"], "budget": 1.5}, 422, "budget"),
+        ({"texts": ["a"], "budget": "0.5"}, 422, "budget"),
+        ({"texts": ["a"], "budget": True}, 422, "budget"),
+        ({"texts": [1]}, 422, "texts.0"),
+        ({"texts": "a"}, 422, "texts"),
+        ({"texts": ["a"], "foo": 1}, 422, "foo: unknown field"),
+        ({"texts": ["a"], "budget": 0.5, "latency_ms": 10}, 422, "not both"),
+        ({"texts": ["a"], "latency_ms": -1}, 422, "latency_ms"),
+        ({"texts": ["a"] * 5}, 413, "serve.max_texts"),
+        ({"texts": ["x" * 201]}, 413, "texts[0]"),
+        ([1, 2], 422, "body"),
+    ],
+)
+def test_bad_requests_get_a_4xx_naming_the_problem(client, body, status, message):
+    if isinstance(body, str):
+        response = client.post("/v1/classify", content=body, headers={"content-type": "application/json"})
+    else:
+        response = client.post("/v1/classify", json=body)
+    assert response.status_code == status
+    assert message in response.json()["error"]
+
+
+def test_metrics_count_requests_budgets_and_queue(client):
+    client.post("/v1/classify", json={"texts": ["a", "b"], "budget": 0.25})
+    client.post("/v1/classify", json={"texts": []})
+    text = client.get("/metrics").text
+    assert 'baa_requests_total{status="200"}' in text and 'baa_requests_total{status="422"}' in text
+    assert 'baa_texts_total{budget="0.25"}' in text
+    assert "baa_queue_texts" in text and "baa_budget_in_use" in text and "baa_request_latency_seconds_bucket" in text
+
+
+def test_openapi_schema_lists_the_routes(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/classify", "/healthz", "/readyz", "/metrics", "/v1/info"} <= set(paths)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=10,
+)
+BODIES = st.fixed_dictionaries(
+    {},
+    optional={
+        "texts": st.one_of(st.lists(st.text(max_size=60), max_size=6), JSON),
+        "budget": st.one_of(st.floats(allow_nan=True, allow_infinity=True), JSON),
+        "latency_ms": st.one_of(st.floats(allow_nan=True, allow_infinity=True), JSON),
+        "extra": JSON,
+    },
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.one_of(BODIES, JSON))
+def test_fuzzed_bodies_never_get_a_5xx(client, body):
+    payload = json.dumps(body, allow_nan=True)  # NaN / Infinity are not JSON: they must give a 4xx too
+    response = client.post("/v1/classify", content=payload, headers={"content-type": "application/json"})
+    assert response.status_code in (200, 400, 413, 422, 503), response.text
+    if response.status_code != 200:
+        assert response.json()["error"]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=40))
+def test_fuzzed_bytes_never_get_a_5xx(client, raw):
+    response = client.post("/v1/classify", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code in (200, 400, 422)
+
+
+def test_not_ready_answers_503_with_retry_after(tiny_run):
+    app = create_app(tiny_run, ServeConfig(**FAST))
+    with TestClient(app) as c:
+        response = c.post("/v1/classify", json={"texts": ["a"]})
+        if response.status_code == 503:  # still loading (the usual case this early)
+            assert response.headers["Retry-After"] == "1"
+        wait_ready(c)
+
+
+def test_a_run_that_fails_to_load_reports_it_on_readyz(tmp_path):
+    app = create_app(tmp_path / "missing", ServeConfig(**FAST))
+    with TestClient(app) as c:
+        for _ in range(100):
+            response = c.get("/readyz")
+            if "run directory not found" in response.text:
+                break
+            time.sleep(0.05)
+        assert response.status_code == 503 and "run directory not found" in response.json()["error"]
+        assert c.get("/healthz").status_code == 200

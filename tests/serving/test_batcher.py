@@ -1,0 +1,149 @@
+import asyncio
+import time
+
+import pytest
+import torch
+
+from budgeted_attention.serving.batcher import Batcher, DeadlineExpired, Overloaded
+from budgeted_attention.serving.config import ServeConfig
+from budgeted_attention.serving.latency import LatencyModel
+
+BUDGETS = [0.5, 1.0]
+
+
+class FakeRunner:
+    """Sleeps ``ms_per_text[budget]`` per text; records every batch; row i's probability is its first id."""
+
+    def __init__(self, ms_per_text=None):
+        self.ms_per_text = ms_per_text or {0.5: 1.0, 1.0: 2.0}
+        self.batches = []
+
+    def run(self, ids, budget):
+        self.batches.append((budget, len(ids)))
+        time.sleep(self.ms_per_text[budget] * len(ids) / 1e3)
+        return torch.tensor([[float(x[0]), 0.0] for x in ids])
+
+
+def latency_model(runner):
+    return LatencyModel({b: {1: runner.ms_per_text[b], 8: 8 * runner.ms_per_text[b]} for b in BUDGETS}, seq_len=4, smoothing=0.0)
+
+
+def make(runner, **settings):
+    cfg = ServeConfig(budgets=BUDGETS, min_budget=0.5, **settings)
+    return Batcher(runner, cfg, latency_model(runner), floor=0.5)
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_requests_at_the_same_budget_share_a_batch_and_keep_their_rows():
+    async def main():
+        runner = FakeRunner()
+        batcher = make(runner, max_wait_ms=50.0, max_batch_size=8)
+        batcher.start()
+        results = await asyncio.gather(
+            batcher.submit([[1, 5]], 1.0, None),
+            batcher.submit([[2, 5], [3, 5]], 1.0, None),
+            batcher.submit([[4, 5]], 0.5, None),
+        )
+        await batcher.drain()
+        return runner, results
+
+    runner, results = run(main())
+    assert sorted(runner.batches) == [(0.5, 1), (1.0, 3)]
+    assert results[0].probabilities[:, 0].tolist() == [1.0]
+    assert results[1].probabilities[:, 0].tolist() == [2.0, 3.0]
+    assert results[2].budget == 0.5 and results[1].batch_size == 3
+
+
+def test_batches_never_exceed_the_batch_size_unless_one_request_is_larger():
+    async def main():
+        runner = FakeRunner()
+        batcher = make(runner, max_wait_ms=30.0, max_batch_size=2, max_texts=4, max_queue=16)
+        batcher.start()
+        await asyncio.gather(*(batcher.submit([[i]], 1.0, None) for i in range(5)), batcher.submit([[1]] * 4, 1.0, None))
+        await batcher.drain()
+        return runner
+
+    sizes = sorted(n for _, n in run(main()).batches)
+    assert sum(sizes) == 9 and sizes[-1] == 4 and all(n <= 2 for n in sizes[:-1])
+
+
+def test_slo_policy_lowers_the_budget_when_the_backlog_would_miss_its_deadlines():
+    async def main(n_requests):
+        runner = FakeRunner({0.5: 2.0, 1.0: 8.0})
+        batcher = make(runner, max_wait_ms=0.0, max_batch_size=1, target_p95_ms=60.0, shed_expired=False)
+        batcher.start()
+        results = await asyncio.gather(*(batcher.submit([[i]], None, None) for i in range(n_requests)))
+        await batcher.drain()
+        return [r.budget for r in results]
+
+    assert run(main(1)) == [1.0]  # alone: 8 ms fits 60 ms
+    budgets = run(main(12))  # 12 x 8 ms = 96 ms > 60 ms: the policy must go lower for some
+    assert 0.5 in budgets
+
+
+def test_a_full_queue_refuses_with_a_retry_after():
+    async def main():
+        runner = FakeRunner({0.5: 20.0, 1.0: 20.0})
+        batcher = make(runner, max_wait_ms=0.0, max_batch_size=1, max_texts=2, max_queue=2)
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit([[1], [2]], 1.0, None))
+        await asyncio.sleep(0)  # admitted: the queue now holds 2 texts
+        with pytest.raises(Overloaded, match="queue full") as info:
+            await batcher.submit([[3]], 1.0, None)
+        await first
+        await batcher.drain()
+        return info.value
+
+    assert run(main()).retry_after >= 1
+
+
+def test_a_request_whose_deadline_passed_in_the_queue_is_dropped():
+    async def main():
+        runner = FakeRunner({0.5: 50.0, 1.0: 50.0})
+        batcher = make(runner, max_wait_ms=0.0, max_batch_size=1)
+        batcher.start()
+        slow = asyncio.ensure_future(batcher.submit([[1]], 1.0, None))
+        await asyncio.sleep(0.005)
+        with pytest.raises(DeadlineExpired):
+            await batcher.submit([[2]], None, 10.0)  # waits ~50 ms behind the first
+        await slow
+        await batcher.drain()
+
+    run(main())
+
+
+def test_drain_finishes_queued_requests_and_then_refuses():
+    async def main():
+        runner = FakeRunner()
+        batcher = make(runner, max_wait_ms=0.0, max_batch_size=1)
+        batcher.start()
+        pending = [asyncio.ensure_future(batcher.submit([[i]], 1.0, None)) for i in range(3)]
+        await asyncio.sleep(0)
+        await batcher.drain()
+        assert all(p.done() and not p.exception() for p in pending)
+        with pytest.raises(Overloaded, match="shutting down"):
+            await batcher.submit([[9]], 1.0, None)
+
+    run(main())
+
+
+def test_a_failing_model_call_reaches_every_request_of_the_batch_and_the_worker_lives_on():
+    class Failing(FakeRunner):
+        def run(self, ids, budget):
+            if budget == 0.5:
+                raise RuntimeError("boom")
+            return super().run(ids, budget)
+
+    async def main():
+        batcher = make(Failing(), max_wait_ms=0.0)
+        batcher.start()
+        with pytest.raises(RuntimeError, match="boom"):
+            await batcher.submit([[1]], 0.5, None)
+        result = await batcher.submit([[7]], 1.0, None)
+        await batcher.drain()
+        return result
+
+    assert run(main()).probabilities[0, 0] == 7.0
