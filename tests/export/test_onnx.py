@@ -76,3 +76,14 @@ def test_session_uses_the_requested_threads(tiny_model, tmp_path):
     path = export_model(tiny_model, tmp_path / "m.onnx")
     session = make_session(path, threads=1)
     assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask"]
+
+
+def test_bench_times_onnx_runtime_beside_pytorch(tiny_run, tmp_path):
+    from budgeted_attention.recipes.bench import run_bench
+
+    result = run_bench(tiny_run, seed=0, budgets=[0.5], batch_sizes=[2], seq_lens=[8], threads=1, rounds=1, min_run_time=0.005,
+                       json_path=str(tmp_path / "b.json"), onnx=True, progress=False, log=lambda *_: None)
+    main_rows = [r for r in result["rows"] if r["scope"] == "all"]
+    assert main_rows and all(r["onnx_latency_ms"] > 0 and r["onnx_dense_latency_ms"] > 0 for r in main_rows)
+    assert "onnxruntime" in result["setting"]["onnx"]
+    assert "ORT speedup" in (tmp_path / "b.md").read_text()

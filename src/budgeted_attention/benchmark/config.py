@@ -21,6 +21,8 @@ class BenchConfig:
         include_sliced: also time the sliced layout (instant switching) at each budget.
         lengths: also time padded batches whose lengths are sampled from the training split's
             real token counts (the latency a user of the data set sees).
+        onnx: also export the dense model and every budget's pruned model to ONNX and time them
+            with ONNX Runtime (``threads`` intra-op threads) in the same interleaved rounds.
 
     Every value is checked on construction (``ConfigError`` naming ``bench.<key>``): budgets
     finite in (0, 1]; batch sizes at least one, all >= 1; sequence lengths >= 1; threads and
@@ -35,6 +37,7 @@ class BenchConfig:
     min_run_time: float = 0.2
     include_sliced: bool = True
     lengths: bool = False
+    onnx: bool = False
 
     def __post_init__(self) -> None:
         self.budgets = check_budgets(self.budgets, "bench.budgets", allow_empty=True)
@@ -45,3 +48,4 @@ class BenchConfig:
         self.min_run_time = check_float(self.min_run_time, "bench.min_run_time", gt=0.0)
         check_bool(self.include_sliced, "bench.include_sliced")
         check_bool(self.lengths, "bench.lengths")
+        check_bool(self.onnx, "bench.onnx")

@@ -8,6 +8,7 @@ same interleaved rounds, so each pruned model gets a speedup against each refere
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -84,6 +85,35 @@ def _runner(module: Callable[..., Any], batches: list[tuple[torch.Tensor, torch.
     return run
 
 
+def _onnx_runners(
+    model: GatedModel, pruned: dict[str, tuple[float, GatedModel, bool]], keys: list[str], threads: int, folder: str
+) -> dict[str, Callable[[list[tuple[torch.Tensor, torch.Tensor | None]]], Callable[[], None]]]:
+    """ONNX Runtime sessions of the dense model (``onnx_dense``) and of the pruned models ``keys``
+    (``onnx_<key>``), as factories of zero-argument runners over a list of batches."""
+    from budgeted_attention.export.onnx import export_model, make_session  # noqa: PLC0415
+
+    graphs = {"onnx_dense": model}
+    graphs.update({f"onnx_{key}": pruned[key][1] for key in keys})
+    sessions = {name: make_session(export_model(m, f"{folder}/{name}.onnx"), threads) for name, m in graphs.items()}
+
+    def factory(session):
+        def make(batches):
+            feeds = [
+                {"input_ids": ids.numpy(), "attention_mask": (torch.ones_like(ids) if mask is None else mask).numpy()}
+                for ids, mask in batches
+            ]
+
+            def run() -> None:
+                for feed in feeds:
+                    session.run(None, feed)
+
+            return run
+
+        return make
+
+    return {name: factory(session) for name, session in sessions.items()}
+
+
 def bench_models(
     model: GatedModel,
     kept_by_budget: dict[float, KeptUnits | list[list[int]]],
@@ -134,9 +164,46 @@ def bench_models(
         pruned[_key(b, scope)] = (b, model.pruned_copy(units.heads, units.groups), scope == "all")
     sliced = SlicedModel(model, ranking) if (ranking is not None and cfg.include_sliced) else None
     sliced_scope = "all" if isinstance(ranking, UnitRanking) else "heads"
+    main_keys = [_key(b, "heads" if as_kept(k).groups is None else "all") for b, k in kept_by_budget.items()]
+    with tempfile.TemporaryDirectory(prefix="baa-bench-onnx-") as folder:
+        onnx = _onnx_runners(model, pruned, main_keys, cfg.threads, folder) if cfg.onnx else {}
+        rows, overhead = _time_settings(
+            model, plain, references, pruned, sliced, sliced_scope, onnx, kept_by_budget, cfg,
+            _input_settings(model, cfg, vocab, lengths, pad_id, low_id), progress,
+        )
+    result: dict[str, Any] = {
+        "rows": rows,
+        "gate_overhead": overhead,
+        "setting": {
+            "threads": cfg.threads,
+            "rounds": cfg.rounds,
+            "min_run_time_s": cfg.min_run_time,
+            "timer": "torch.utils.benchmark blocked_autorange, interleaved, median of round medians",
+            "dense_reference": f"{type(plain).__name__}: same weights and kernels, no gate code",
+            "library_references": sorted(references),
+            "length_batches": LENGTH_BATCHES if lengths else 0,
+            "family": model.family,
+            "onnx": f"onnxruntime {_ort_version()}, {cfg.threads} intra-op thread(s), b = 1 graph as its reference" if cfg.onnx else None,
+        },
+    }
+    if sliced is not None:
+        budgets = sorted(kept_by_budget) if len(kept_by_budget) > 1 else sorted(kept_by_budget) + [1.0]
+        state = {"i": 0}
+
+        def switch() -> None:
+            state["i"] += 1
+            sliced.set_budget(budgets[state["i"] % len(budgets)])
+
+        result["switch"] = {"switch_ms": time_call(switch, repeats=2000), "budgets": budgets}
+    return result
+
+
+def _time_settings(
+    model: GatedModel, plain, references, pruned, sliced, sliced_scope: str, onnx, kept_by_budget, cfg: BenchConfig, settings, progress: bool,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Time every candidate on each input setting, interleaved; (speed rows, gate-overhead entries)."""
     rows: list[dict[str, Any]] = []
     overhead: list[dict[str, Any]] = []
-    settings = _input_settings(model, cfg, vocab, lengths, pad_id, low_id)
     for label, batch, seq, batches in tqdm(settings, desc="bench", disable=not progress, leave=False):
         functions: dict[str, Callable[[], None]] = {"plain": _runner(plain, batches)}
         for name, ref in references.items():
@@ -144,6 +211,8 @@ def bench_models(
         functions["gated_b1"] = _runner(lambda ids, mask: model(ids, mask, budget=1.0), batches)
         for key, (_, pm, _) in pruned.items():
             functions[f"pruned_{key}"] = _runner(pm, batches)
+        for name, make in onnx.items():
+            functions[name] = make(batches)
         if sliced is not None:
             for b in kept_by_budget:
                 functions[f"sliced_{b}"] = (lambda budget, run: lambda: (sliced.set_budget(budget), run()))(b, _runner(sliced, batches))
@@ -159,6 +228,11 @@ def bench_models(
             for name in references:
                 row[f"{name}_latency_ms"] = latency[name]
                 row[f"{name}_speedup"] = latency[name] / pruned_ms
+            if f"onnx_{key}" in latency:  # ONNX Runtime: the pruned graph against the dense graph
+                row["onnx_dense_latency_ms"] = latency["onnx_dense"]
+                row["onnx_latency_ms"] = latency[f"onnx_{key}"]
+                row["onnx_speedup"] = latency["onnx_dense"] / latency[f"onnx_{key}"]
+                row["onnx_efficiency"] = row["onnx_speedup"] / row["ideal_speedup"]
             if sliced is not None and row["scope"] == sliced_scope and b in kept_by_budget:
                 row["sliced_latency_ms"] = latency[f"sliced_{b}"]
                 row["sliced_speedup"] = dense_ms / latency[f"sliced_{b}"]
@@ -168,30 +242,7 @@ def bench_models(
         for name in references:
             entry[f"{name}_latency_ms"] = latency[name]
         overhead.append(entry)
-    result: dict[str, Any] = {
-        "rows": rows,
-        "gate_overhead": overhead,
-        "setting": {
-            "threads": cfg.threads,
-            "rounds": cfg.rounds,
-            "min_run_time_s": cfg.min_run_time,
-            "timer": "torch.utils.benchmark blocked_autorange, interleaved, median of round medians",
-            "dense_reference": f"{type(plain).__name__}: same weights and kernels, no gate code",
-            "library_references": sorted(references),
-            "length_batches": LENGTH_BATCHES if lengths else 0,
-            "family": model.family,
-        },
-    }
-    if sliced is not None:
-        budgets = sorted(kept_by_budget) if len(kept_by_budget) > 1 else sorted(kept_by_budget) + [1.0]
-        state = {"i": 0}
-
-        def switch() -> None:
-            state["i"] += 1
-            sliced.set_budget(budgets[state["i"] % len(budgets)])
-
-        result["switch"] = {"switch_ms": time_call(switch, repeats=2000), "budgets": budgets}
-    return result
+    return rows, overhead
 
 
 def bench_against_reference(
@@ -245,6 +296,12 @@ def bench_ranking(model: GatedModel, ranking: Ranking, cfg: BenchConfig, **kwarg
     return bench_models(model, kept, cfg, ranking=ranking, extra_kept=extra, **kwargs)
 
 
+def _ort_version() -> str:
+    import onnxruntime  # noqa: PLC0415
+
+    return onnxruntime.__version__
+
+
 def check_lengths(model: GatedModel, seq_lens: list[int], what: str) -> None:
     """Every length must fit the model's position embeddings (ValueError naming the length)."""
     for seq in seq_lens:
@@ -259,14 +316,21 @@ def _vocab_size(model: GatedModel) -> int:
     return int(model.hf.config.vocab_size)  # type: ignore[attr-defined]
 
 
+def _onnx_cells(row: dict[str, Any]) -> str:
+    if "onnx_speedup" not in row:
+        return " | | | |"
+    return f" {row['onnx_dense_latency_ms']:.3f} | {row['onnx_latency_ms']:.3f} | {row['onnx_speedup']:.2f}x | {row['onnx_efficiency']:.2f} |"
+
+
 def bench_markdown(result: dict[str, Any]) -> str:
     """Markdown tables of a :func:`bench_models` result."""
     refs = result.get("setting", {}).get("library_references", [])
+    onnx = any("onnx_speedup" in r for r in result["rows"])
     ref_header = "".join(f" speedup vs {name} |" for name in refs)
     lines = [
         "| budget | scope | input | batch | seq | threads | heads kept | FFN neurons per layer | FLOPs | dense ms | pruned ms | speedup | FLOP-ideal | speedup / ideal |"
-        + ref_header + " sliced speedup |",
-        "|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(refs) + "---:|",
+        + ref_header + " sliced speedup |" + (" ORT dense ms | ORT pruned ms | ORT speedup | ORT / ideal |" if onnx else ""),
+        "|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(refs) + "---:|" + ("---:|" * 4 if onnx else ""),
     ]
     for r in result["rows"]:
         sliced = f"{r['sliced_speedup']:.2f}x" if "sliced_speedup" in r else ""
@@ -276,7 +340,7 @@ def bench_markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {r['budget']:.2f} | {r.get('scope', 'heads')} | {r.get('input', 'random')} | {r['batch_size']} | {r['seq_len']} | {r['threads']} | {r['heads_kept']} "
             f"{r['heads_per_layer']} | {'all' if ffn is None else ffn} | {flops} | {r['dense_latency_ms']:.3f} | {r['latency_ms']:.3f} | {r['speedup']:.2f}x | "
-            f"{r['ideal_speedup']:.2f}x | {r['efficiency']:.2f} |{ref_cells} {sliced} |"
+            f"{r['ideal_speedup']:.2f}x | {r['efficiency']:.2f} |{ref_cells} {sliced} |" + (_onnx_cells(r) if onnx else "")
         )
     lines += ["", "| input | batch | seq | plain dense ms | gated model at b=1 ms | overhead |", "|---|---:|---:|---:|---:|---:|"]
     for o in result["gate_overhead"]:
@@ -284,6 +348,8 @@ def bench_markdown(result: dict[str, Any]) -> str:
             f"| {o.get('input', 'random')} | {o['batch_size']} | {o['seq_len']} | {o['plain_latency_ms']:.3f} | "
             f"{o['gated_b1_latency_ms']:.3f} | {100 * o['overhead']:+.1f}% |"
         )
+    if onnx:
+        lines += ["", f"ORT: {result['setting'].get('onnx')}; ORT speedup = the dense graph's latency over the pruned graph's."]
     if "switch" in result:
         lines += ["", f"Budget switch (sliced layout): {1000 * result['switch']['switch_ms']:.1f} µs median."]
     if any(r.get("input") == "lengths" for r in result["rows"]):
