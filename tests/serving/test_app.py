@@ -8,8 +8,9 @@ from fastapi.testclient import TestClient  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from budgeted_attention.serving.app import create_app  # noqa: E402
+from budgeted_attention.serving.app import ClassifyRequest, create_app  # noqa: E402
 from budgeted_attention.serving.config import ServeConfig  # noqa: E402
+from budgeted_attention.serving.fuzz import encode_body, request_bodies  # noqa: E402
 
 FAST = dict(warmup_batches=0, calibration_batch_sizes=[1], max_texts=4, max_text_chars=200, max_batch_size=4)
 
@@ -118,27 +119,11 @@ def test_openapi_schema_lists_the_routes(client):
     assert {"/v1/classify", "/healthz", "/readyz", "/metrics", "/v1/info"} <= set(paths)
 
 
-JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=10,
-)
-BODIES = st.fixed_dictionaries(
-    {},
-    optional={
-        "texts": st.one_of(st.lists(st.text(max_size=60), max_size=6), JSON),
-        "budget": st.one_of(st.floats(allow_nan=True, allow_infinity=True), JSON),
-        "latency_ms": st.one_of(st.floats(allow_nan=True, allow_infinity=True), JSON),
-        "extra": JSON,
-    },
-)
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=st.one_of(BODIES, JSON))
+@given(body=request_bodies(ClassifyRequest.model_json_schema()))
 def test_fuzzed_bodies_never_get_a_5xx(client, body):
-    payload = json.dumps(body, allow_nan=True)  # NaN / Infinity are not JSON: they must give a 4xx too
-    response = client.post("/v1/classify", content=payload, headers={"content-type": "application/json"})
+    # NaN / Infinity are not JSON: they must give a 4xx too
+    response = client.post("/v1/classify", content=encode_body(body), headers={"content-type": "application/json"})
     assert response.status_code in (200, 400, 413, 422, 503), response.text
     if response.status_code != 200:
         assert response.json()["error"]

@@ -138,6 +138,22 @@ def pad_id_of(tokenizer: Tokenizer) -> int:
     return tokenizer.token_to_id(PAD)
 
 
+def split_examples(cfg: TextDataConfig, raw: RawDataset) -> tuple[list[Example], list[Example], list[Example]]:
+    """(train, validation, test) examples: sampled and split as configured, deterministic in
+    ``split_seed`` (the load test of ``baa serve`` replays the same test split as raw texts)."""
+    rng = random.Random(cfg.split_seed)
+    if raw.test is not None:
+        pool = sample_per_class(raw.train, cfg.n_per_class, rng)
+        val, train = stratified_split(pool, [cfg.val_fraction], rng)
+        test = sample_per_class(raw.test, cfg.n_test_per_class, rng)
+    else:
+        pool = sample_per_class(raw.train, cfg.n_per_class, rng)
+        val, test, train = stratified_split(pool, [cfg.val_fraction, cfg.test_fraction], rng)
+    if not train or not val or not test:
+        raise DataError(f"data set too small to split: {len(train)} train, {len(val)} validation, {len(test)} test examples")
+    return train, val, test
+
+
 def make_text_splits(
     cfg: TextDataConfig,
     tokenizer_path: str | Path | None = None,
@@ -149,16 +165,7 @@ def make_text_splits(
     With ``pretrained_tokenizer`` (a pretrained model's own tokenizer) no vocabulary is learned.
     """
     raw = raw or load_source(cfg)
-    rng = random.Random(cfg.split_seed)
-    if raw.test is not None:
-        pool = sample_per_class(raw.train, cfg.n_per_class, rng)
-        val, train = stratified_split(pool, [cfg.val_fraction], rng)
-        test = sample_per_class(raw.test, cfg.n_test_per_class, rng)
-    else:
-        pool = sample_per_class(raw.train, cfg.n_per_class, rng)
-        val, test, train = stratified_split(pool, [cfg.val_fraction, cfg.test_fraction], rng)
-    if not train or not val or not test:
-        raise DataError(f"data set too small to split: {len(train)} train, {len(val)} validation, {len(test)} test examples")
+    train, val, test = split_examples(cfg, raw)
     if pretrained_tokenizer is not None:
         tokenizer = prepare_pretrained_tokenizer(pretrained_tokenizer, cfg.max_len)
     else:

@@ -88,6 +88,10 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     routed = _read_json(routed_path) if routed_path.is_file() else None
     if routed is not None and not isinstance(routed, dict):
         raise ReportError(f"malformed per-input routing results in '{routed_path}': expected a JSON object")
+    serve_load_path = path / "serve_load.json"
+    serve_load = _read_json(serve_load_path) if serve_load_path.is_file() else None
+    if serve_load is not None and (not isinstance(serve_load, dict) or not isinstance(serve_load.get("trials"), list)):
+        raise ReportError(f"malformed load test in '{serve_load_path}': expected {{\"trials\": [...], ...}}")
     name = config.get("name") if isinstance(config.get("name"), str) and config.get("name") else path.resolve().name
     return {
         "path": path,
@@ -99,6 +103,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "benches": benches,
         "routing_bench": routing_bench,
         "routed": routed,
+        "serve_load": serve_load,
         "figures": sorted(path.glob("*.png")),
         "wall_time": _wall_time(path, results),
     }
@@ -298,8 +303,9 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
         "`test ppl.` = exp(test loss)." if lm else
         "Accuracies in %; `test acc.` on the held-out test split, `val. acc.` on the validation split."
     )
-    lines += ["", f"### {run['name']}: results", "", f"{len(run['rows'])} rows, seeds {', '.join(map(str, seeds)) or 'none'}; mean ± std over seeds. " + units, ""]
-    lines.append(markdown_table(aggregate(run["rows"])).rstrip("\n"))
+    if run["rows"]:  # a load test has no accuracy rows
+        lines += ["", f"### {run['name']}: results", "", f"{len(run['rows'])} rows, seeds {', '.join(map(str, seeds)) or 'none'}; mean ± std over seeds. " + units, ""]
+        lines.append(markdown_table(aggregate(run["rows"])).rstrip("\n"))
     routing = routing_table(run["rows"])
     if routing:
         lines += ["", f"### {run['name']}: routing (Meta-Attention, test split)", "", routing.rstrip("\n")]
@@ -322,6 +328,10 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
         from budgeted_attention.reporting.per_input import routed_markdown  # noqa: PLC0415
 
         lines += ["", f"### {run['name']}: per-input head routing (`routed.json`)", "", routed_markdown(run["routed"]).rstrip("\n")]
+    if run.get("serve_load"):
+        from budgeted_attention.reporting.serve_load import serve_load_markdown  # noqa: PLC0415
+
+        lines += ["", f"### {run['name']}: load test of baa serve (`serve_load.json`)", "", serve_load_markdown(run["serve_load"]).rstrip("\n")]
     if run["figures"]:
         lines += ["", f"### {run['name']}: figures", ""]
         for figure in run["figures"]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -56,6 +58,9 @@ def serve(args: argparse.Namespace) -> None:
 
     cfg = load_serve_config(args.config, args.overrides, args.backend)
     preflight(args.run_dir, cfg, args.seed, args.onnx_dir)
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal with the handler it found;
+    # this one turns that into a clean exit (code 0) instead of death by signal (-15).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     common = {"host": args.host, "port": args.port, "log_level": args.log_level, "timeout_graceful_shutdown": 30}
     if args.workers == 1:
         from budgeted_attention.serving.app import create_app  # noqa: PLC0415

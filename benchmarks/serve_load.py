@@ -1,0 +1,253 @@
+"""Loopback load test of ``baa serve``: fixed b = 1, fixed b = 0.5 and SLO mode under Poisson and
+bursty arrivals, from below capacity to overload, then a schema fuzz run and a graceful shutdown.
+
+    python benchmarks/serve_load.py runs/minilm_bbc_short_all --out runs/serve_load_minilm
+
+Bounded: 127.0.0.1 only, ``--trial-seconds`` and ``--max-requests`` per trial. Steps:
+
+1. start ``baa serve RUN_DIR`` (a subprocess; its start-to-ready time is recorded);
+2. dense capacity: answered requests/s of b = 1 with a closed loop of clients;
+3. the deadline: p95 latency of fixed b = 1 at 0.5x capacity (Poisson) -- the target the dense
+   model meets at half load;
+4. each (arrivals, load, mode): open-loop requests, one test-split text each; fixed modes send
+   ``budget``, SLO mode sends ``latency_ms`` (a fraction of the deadline, leaving room for the HTTP
+   round trip); every request is scored against the same deadline;
+5. a schema fuzz run (hypothesis bodies from the OpenAPI schema) counting 5xx;
+6. SIGTERM, and the exit code.
+
+Writes ``serve_load.json``, ``results.json`` (no accuracy rows), ``run_info.json``,
+``results.md`` and ``slo.png`` into ``--out``; ``baa report`` renders the directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import httpx
+
+from budgeted_attention.config import from_dict, load_yaml
+from budgeted_attention.data.sources import load_source
+from budgeted_attention.data.text import TextDataConfig, split_examples
+from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
+from budgeted_attention.reporting.serve_load import serve_load_markdown
+from budgeted_attention.serving.load import ARRIVALS, closed_loop_capacity, percentile, send_open_loop, summarise
+
+MODES = {"fixed-1": {"budget": 1.0}, "fixed-0.5": {"budget": 0.5}, "slo": {}}
+
+
+def test_examples(run_dir: Path) -> list[tuple[str, int]]:
+    """The run's test split as (text, label), split exactly as the run split it."""
+    data = load_yaml(run_dir / "config.yaml")["data"]
+    cfg = from_dict(TextDataConfig, data, "data")
+    _, _, test = split_examples(cfg, load_source(cfg))
+    return [(e.text, e.label) for e in test]
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process and its children (uvicorn workers), MiB."""
+    total = 0.0
+    pids = [pid]
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        pids += [int(c) for c in children]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return total
+
+
+async def watch_memory(pid: int, peak: list[float], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        peak[0] = max(peak[0], rss_mib(pid))
+        try:
+            await asyncio.wait_for(stop.wait(), 0.25)
+        except TimeoutError:
+            pass
+
+
+async def trial(client, url, pid, examples, mode, arrivals_name, rate, seconds, max_requests, deadline_ms, slo_fraction, seed):
+    rng = random.Random(seed)
+    arrivals = ARRIVALS[arrivals_name](rate, seconds, rng)[:max_requests]
+    offset = rng.randrange(len(examples))
+
+    def make(i):
+        text, label = examples[(offset + i) % len(examples)]
+        body = {"texts": [text], **MODES[mode]}
+        if mode == "slo":
+            body["latency_ms"] = deadline_ms * slo_fraction
+        return body, label
+
+    peak, stop = [0.0], asyncio.Event()
+    watcher = asyncio.create_task(watch_memory(pid, peak, stop))
+    records = await send_open_loop(client, url, arrivals, make, timeout_s=30.0)
+    stop.set()
+    await watcher
+    return records, peak[0]
+
+
+def fuzz(base: str, examples: int) -> dict:
+    """POST hypothesis-generated bodies built from the live server's request schema; count statuses."""
+    from hypothesis import HealthCheck, given, settings
+
+    from budgeted_attention.serving.fuzz import encode_body, request_bodies
+
+    schema = httpx.get(f"{base}/openapi.json").json()["components"]["schemas"]["ClassifyRequest"]
+    statuses: Counter = Counter()
+
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(body=request_bodies(schema))
+    def send(body):
+        response = httpx.post(f"{base}/v1/classify", content=encode_body(body), headers={"content-type": "application/json"}, timeout=30)
+        statuses[response.status_code] += 1
+
+    send()
+    return {"requests": sum(statuses.values()), "status_counts": dict(sorted(statuses.items())),
+            "server_errors": sum(n for s, n in statuses.items() if s >= 500 and s != 503)}
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arrivals = sorted({t["arrivals"] for t in result["trials"]})
+    fig, axes = plt.subplots(2, len(arrivals), figsize=(5 * len(arrivals), 7), squeeze=False)
+    for column, name in enumerate(arrivals):
+        for mode in MODES:
+            trials = sorted((t for t in result["trials"] if t["arrivals"] == name and t["mode"] == mode), key=lambda t: t["load"])
+            loads = [t["load"] for t in trials]
+            axes[0][column].plot(loads, [100 * t["summary"]["slo_attainment"] for t in trials], marker="o", label=mode)
+            axes[1][column].plot(loads, [100 * t["summary"]["effective_accuracy"] for t in trials], marker="o", label=mode)
+        axes[0][column].set_title(f"{name} arrivals")
+        axes[0][column].set_ylabel("SLO attainment %")
+        axes[1][column].set_ylabel("effective accuracy %")
+        axes[1][column].set_xlabel("offered load (x dense capacity)")
+        axes[0][column].legend()
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+async def run(args) -> dict:
+    run_dir = Path(args.run_dir)
+    examples = test_examples(run_dir)
+    base = f"http://127.0.0.1:{args.port}"
+    command = [sys.executable, "-m", "budgeted_attention.cli", "serve", str(run_dir), "--port", str(args.port), "--log-level", "warning",
+               *[item for s in args.set for item in ("--set", s)]]
+    started = time.perf_counter()
+    server = subprocess.Popen(command)
+    result: dict = {"setting": {"server_command": " ".join(["baa", *command[3:]]), "texts": len(examples), "trial_seconds": args.trial_seconds,
+                                "max_requests": args.max_requests, "slo_request_fraction": args.slo_fraction,
+                                "capacity_concurrency": args.capacity_concurrency, "seed": args.seed}, "trials": []}
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024)) as client:
+            while True:
+                if server.poll() is not None:
+                    raise SystemExit(f"server exited with code {server.returncode} before it was ready")
+                try:
+                    async with client.get(f"{base}/readyz") as response:
+                        if response.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.1)
+            result["setting"]["ready_seconds"] = time.perf_counter() - started
+            url = f"{base}/v1/classify"
+            warm = lambda i: ({"texts": [examples[i % len(examples)][0]], "budget": 1.0}, 0)  # noqa: E731
+            await closed_loop_capacity(client, url, warm, args.capacity_concurrency, 2.0)  # warm-up
+            capacity = await closed_loop_capacity(client, url, warm, args.capacity_concurrency, args.capacity_seconds)
+            result["capacity_rps"] = capacity
+            print(f"dense capacity {capacity:.1f} requests/s", flush=True)
+            records, _ = await trial(client, url, server.pid, examples, "fixed-1", "poisson", 0.5 * capacity, args.trial_seconds,
+                                     args.max_requests, 1e9, 1.0, args.seed)
+            deadline = percentile([r.latency_ms for r in records if r.status == 200], 95)
+            result["deadline_ms"] = deadline
+            print(f"deadline (p95 of b=1 at 0.5x) {deadline:.1f} ms", flush=True)
+            for arrivals in args.arrivals:
+                for load in args.loads:
+                    for mode in args.modes:
+                        await asyncio.sleep(1.0)  # let the previous trial's queue drain
+                        records, peak = await trial(client, url, server.pid, examples, mode, arrivals, load * capacity, args.trial_seconds,
+                                                    args.max_requests, deadline, args.slo_fraction, args.seed + int(load * 100))
+                        summary = summarise(records, deadline, args.trial_seconds)
+                        result["trials"].append({"arrivals": arrivals, "load": load, "mode": mode, "summary": summary, "peak_rss_mib": peak})
+                        print(f"{arrivals} {load:g}x {mode}: attainment {summary['slo_attainment']:.3f}, effective acc. "
+                              f"{summary['effective_accuracy']:.3f}, p95 {summary['p95_ms']}, shed {summary['shed']}, "
+                              f"5xx {summary['server_errors']}, mean budget {summary['mean_budget']}", flush=True)
+        if args.fuzz_examples:
+            result["fuzz"] = fuzz(base, args.fuzz_examples)
+            print(f"fuzz: {result['fuzz']}", flush=True)
+    finally:
+        stop = time.perf_counter()
+        server.send_signal(signal.SIGTERM)
+        try:
+            code = server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            code = server.wait()
+        result["shutdown"] = {"exit_code": code, "seconds": time.perf_counter() - stop}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("--out", required=True, help="run directory for the results, e.g. runs/serve_load")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--loads", default="0.5,1,1.5,2", help="offered loads as multiples of the dense capacity")
+    parser.add_argument("--arrivals", default="poisson,bursty")
+    parser.add_argument("--modes", default="fixed-1,fixed-0.5,slo")
+    parser.add_argument("--trial-seconds", type=float, default=20.0)
+    parser.add_argument("--max-requests", type=int, default=3000)
+    parser.add_argument("--capacity-seconds", type=float, default=10.0)
+    parser.add_argument("--capacity-concurrency", type=int, default=32)
+    parser.add_argument("--slo-fraction", type=float, default=0.85, help="SLO-mode requests ask for this fraction of the deadline")
+    parser.add_argument("--fuzz-examples", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="server setting, passed to baa serve --set")
+    args = parser.parse_args()
+    args.loads = [float(x) for x in args.loads.split(",")]
+    args.arrivals = [a for a in args.arrivals.split(",") if a]
+    args.modes = [m for m in args.modes.split(",") if m]
+    for mode in args.modes:
+        if mode not in MODES:
+            parser.error(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
+    for name in args.arrivals:
+        if name not in ARRIVALS:
+            parser.error(f"unknown arrivals {name!r} (known: {', '.join(ARRIVALS)})")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    began = time.time()
+    result = asyncio.run(run(args))
+    result["wall_time_s"] = time.time() - began
+    write_json_atomic(out / "serve_load.json", result)
+    write_json_atomic(out / "results.json", {"rows": [], "wall_time_s": result["wall_time_s"], "kind": "serve_load"})
+    write_json_atomic(out / "run_info.json", {"seeds": [args.seed], "environment": environment_info(),
+                                              "invocations": [{"command": ["python", *sys.argv], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(began))}]})
+    write_text_atomic(out / "results.md", "# serve load test\n\n" + serve_load_markdown(result))
+    plot(result, out / "slo.png")
+    print(serve_load_markdown(result))
+
+
+if __name__ == "__main__":
+    main()

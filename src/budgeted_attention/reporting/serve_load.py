@@ -1,0 +1,52 @@
+"""Markdown tables of a ``benchmarks/serve_load.py`` run (``serve_load.json``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+def _budget(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.1f}"
+
+
+def serve_load_markdown(result: dict[str, Any]) -> str:
+    """Set-up facts, then one row per (arrivals, load, mode): throughput, latency percentiles,
+    SLO attainment, effective accuracy, shed requests, server errors, budgets used, peak memory."""
+    setting = result.get("setting", {})
+    lines = [
+        f"Server: `{setting.get('server_command', '')}`; ready {setting.get('ready_seconds', float('nan')):.1f} s after start.",
+        f"Dense capacity (closed loop, b = 1, {setting.get('capacity_concurrency')} clients): "
+        f"{result.get('capacity_rps', float('nan')):.1f} requests/s. "
+        f"Deadline: {result.get('deadline_ms', float('nan')):.1f} ms = the p95 of fixed b = 1 at 0.5x capacity (Poisson); "
+        f"SLO-mode requests ask for {setting.get('slo_request_fraction', 1.0):g} of it (room for the HTTP round trip).",
+        f"Test split: {setting.get('texts')} texts with their labels, one text per request; "
+        f"{setting.get('trial_seconds')} s per trial (at most {setting.get('max_requests')} requests).",
+        "",
+        "| arrivals | load | mode | requests | throughput /s | p50 ms | p95 ms | p99 ms | SLO attainment % | effective acc. % | "
+        "acc. of answered % | shed | 5xx | no response | mean budget | peak RSS MiB |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for trial in result.get("trials", []):
+        s = trial["summary"]
+        lines.append(
+            f"| {trial['arrivals']} | {trial['load']:g}x | {trial['mode']} | {s['requests']} | {s['throughput_rps']:.1f} | "
+            f"{_ms(s['p50_ms'])} | {_ms(s['p95_ms'])} | {_ms(s['p99_ms'])} | {_pct(s['slo_attainment'])} | "
+            f"{_pct(s['effective_accuracy'])} | {_pct(s['accuracy_answered'])} | {s['shed']} | {s['server_errors']} | "
+            f"{s['no_response']} | {_budget(s['mean_budget'])} | "
+            f"{trial.get('peak_rss_mib', 0):.0f} |"
+        )
+    fuzz = result.get("fuzz")
+    if fuzz:
+        lines += ["", f"Schema fuzz: {fuzz['requests']} generated bodies against the live server's OpenAPI schema; "
+                  f"status counts {fuzz['status_counts']}; 5xx: {fuzz['server_errors']}."]
+    if result.get("shutdown"):
+        lines += ["", f"Shutdown (SIGTERM): exit code {result['shutdown']['exit_code']} after {result['shutdown']['seconds']:.1f} s."]
+    return "\n".join(lines) + "\n"

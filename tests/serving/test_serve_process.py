@@ -1,0 +1,48 @@
+"""`baa serve` as a real process: start, answer, and a graceful SIGTERM (exit code 0)."""
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url, data=None):
+    request = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status, json.loads(response.read())
+
+
+@pytest.mark.slow
+def test_serve_answers_and_shuts_down_cleanly(tiny_run):
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "budgeted_attention.cli", "serve", str(tiny_run), "--port", str(port), "--log-level", "warning",
+         "--set", "warmup_batches=0", "--set", "calibration_batch_sizes=[1]"],
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if get(f"http://127.0.0.1:{port}/readyz")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        status, body = get(f"http://127.0.0.1:{port}/v1/classify", json.dumps({"texts": ["the team won"], "budget": 0.5}).encode())
+        assert status == 200 and body["budget"] == 0.5
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=60)
+    assert code == 0
