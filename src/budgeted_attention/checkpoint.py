@@ -66,16 +66,17 @@ def save_model(model: GatedModel, path: str | Path, **extra: Any) -> Path:
     if not getattr(model, "family", ""):
         raise TypeError(f"{type(model).__name__} does not implement the model family interface")
     weights_path, meta_path = checkpoint_paths(path)
-    tensors = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
     with atomic_path(weights_path) as tmp:
         save_file(tensors, str(tmp), metadata={"format": FORMAT, "family": model.family})
+        digest = sha256_file(tmp)  # of the bytes that are renamed into place (a non-zero rank renames nothing)
     description = {
         "format": FORMAT,
         "family": model.family,
         "architecture": model.describe(),
         **({"router": model.router.describe()} if getattr(model, "router", None) is not None else {}),
         "weights_file": weights_path.name,
-        "weights_sha256": sha256_file(weights_path),
+        "weights_sha256": digest,
         "tensors": {name: list(tensor.shape) for name, tensor in tensors.items()},
         **extra,
     }

@@ -75,12 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--config", help="YAML file overriding the defaults")
     demo.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config key, e.g. --set train.dense_steps=500")
     demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    demo.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device (default: train.device, auto = CUDA if available)")
+    demo.add_argument("--bf16", action="store_true", help="bfloat16 autocast on CUDA (train.bf16)")
 
     experiment = sub.add_parser("experiment", help="run method x budget x seed from a YAML config (resumable)")
     experiment.add_argument("config", help="experiment YAML, e.g. configs/bbc_short.yaml")
     experiment.add_argument("--out", help="run directory (default: runs/<name>)")
     experiment.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
     experiment.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    experiment.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device (default: train.device, auto = CUDA if available)")
+    experiment.add_argument("--bf16", action="store_true", help="bfloat16 autocast on CUDA (train.bf16)")
     experiment.add_argument(
         "--finished-only", action="store_true",
         help="run nothing: write results from the units already finished (a partial run, marked as such)",
@@ -91,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     lm.add_argument("--out", help="run directory (default: runs/<name>)")
     lm.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
     lm.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    lm.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device (default: train.device, auto = CUDA if available)")
+    lm.add_argument("--bf16", action="store_true", help="bfloat16 autocast on CUDA (train.bf16)")
     lm.add_argument("--finished-only", action="store_true", help="run nothing: write results from the finished units")
 
     bench = sub.add_parser("bench", help="measure CPU latency of dense vs pruned models of a run")
@@ -147,10 +153,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _runtime_overrides(args: argparse.Namespace) -> list[str]:
+    """``--device`` / ``--bf16`` as config overrides (after the user's --set)."""
+    extra = [f"train.device={args.device}"] if args.device else []
+    return args.overrides + extra + (["train.bf16=true"] if args.bf16 else [])
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from budgeted_attention.recipes.demo import load_demo_config, run_demo
 
-    cfg = load_demo_config(args.config, args.overrides, args.quick)
+    cfg = load_demo_config(args.config, _runtime_overrides(args), args.quick)
     run_demo(cfg, args.out, progress=not args.no_progress)
     return 0
 
@@ -158,14 +170,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_experiment(args: argparse.Namespace) -> int:
     from budgeted_attention.recipes.experiment import run_experiment
 
-    run_experiment(args.config, args.out, args.overrides, progress=not args.no_progress, finished_only=args.finished_only)
+    run_experiment(args.config, args.out, _runtime_overrides(args), progress=not args.no_progress, finished_only=args.finished_only)
     return 0
 
 
 def _cmd_lm(args: argparse.Namespace) -> int:
     from budgeted_attention.recipes.experiment import run_experiment
 
-    run_experiment(args.config, args.out, args.overrides, progress=not args.no_progress, finished_only=args.finished_only, task="lm")
+    run_experiment(args.config, args.out, _runtime_overrides(args), progress=not args.no_progress, finished_only=args.finished_only, task="lm")
     return 0
 
 

@@ -18,13 +18,33 @@ from typing import Any
 import yaml
 
 
+# False in the non-zero ranks of a torchrun job: rank 0 alone writes (training/distributed.py).
+_WRITES_ENABLED = True
+
+
+def set_writes_enabled(enabled: bool) -> None:
+    """Let this process write files (True) or discard every :func:`atomic_path` write (False)."""
+    global _WRITES_ENABLED
+    _WRITES_ENABLED = bool(enabled)
+
+
+def writes_enabled() -> bool:
+    return _WRITES_ENABLED
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success rename it over ``path``.
 
     A crash or an exception leaves any previous file at ``path`` untouched and removes the
-    temporary file, so readers never see a half-written artefact.
+    temporary file, so readers never see a half-written artefact. In a process whose writes are
+    disabled (a non-zero torchrun rank) the temporary file lives in a scratch directory and is
+    discarded: the caller's code runs unchanged, nothing reaches ``path``.
     """
+    if not _WRITES_ENABLED:
+        with tempfile.TemporaryDirectory(prefix="baa-discarded-") as scratch:
+            yield Path(scratch) / Path(path).name
+        return
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)

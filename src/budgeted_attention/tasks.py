@@ -95,12 +95,14 @@ class Task:
         """
         was_training = model.training
         model.eval()
+        device = next(model.parameters()).device
+        batches = (tuple(t.to(device, non_blocking=True) for t in batch) for batch in split.batches(batch_size))
         try:
             if self.kind == "classify":
-                correct = sum(int((model(ids, mask, **gating).argmax(dim=-1) == labels).sum()) for ids, mask, labels in split.batches(batch_size))
+                correct = sum(int((model(ids, mask, **gating).argmax(dim=-1) == labels).sum()) for ids, mask, labels in batches)
                 return {"accuracy": correct / len(split)}
             total, count = 0.0, 0
-            for ids, mask, labels in split.batches(batch_size):
+            for ids, mask, labels in batches:
                 batch_total, batch_count = self.summed_loss(model(ids, mask, **gating), ids, mask, labels)
                 total, count = total + float(batch_total), count + batch_count
             loss = total / max(count, 1)

@@ -286,12 +286,14 @@ def test_digest_of_configs_from_before_the_new_keys_is_unchanged(tmp_path):
     for key in ("budget_scope", "ffn_group_size", "reference_seq_len", "ladder", "task", "lm_data", "notes", "router"):
         del old[key]
     del old["synthetic"]["mixed_markers"]
-    for key in ("budget_sampling", "sandwich_random"):
+    for key in ("budget_sampling", "sandwich_random", "device", "bf16"):
         del old["train"][key]
     for key in ("ffn_group_size", "ffn_group_ids", "qk_norm", "residual_gate", "attention", "meta", "positions"):
         del old["model"][key]
     assert config_digest(cfg) == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()
     assert config_digest(load_experiment_config(str(path), ["budget_scope=all", "ffn_group_size=8"])) != config_digest(cfg)
+    # Where a run trains does not change what it computes: resumable on another device.
+    assert config_digest(load_experiment_config(str(path), ["train.device=cpu"])) == config_digest(cfg)
 
 
 @pytest.mark.filterwarnings("ignore:skipped")

@@ -20,6 +20,12 @@ class Split:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    def to(self, device: torch.device | str) -> Split:
+        """This split with its tensors on ``device`` (the same object when they already are)."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        return type(self)(self.input_ids.to(device), self.attention_mask.to(device), self.labels.to(device))
+
     def batches(
         self, batch_size: int, *, shuffle: bool = False, generator: torch.Generator | None = None
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -127,6 +133,13 @@ class TensorSplits:
     def __post_init__(self) -> None:
         if not isinstance(self.test, SealedSplit):
             self.test = SealedSplit(self.test)
+
+    def to(self, device: torch.device | str) -> TensorSplits:
+        """Move every split to ``device`` once (training and evaluation batches then start there);
+        moving the sealed test split is not a read of it."""
+        self.train, self.val = self.train.to(device), self.val.to(device)
+        self.test._split = self.test._split.to(device)  # type: ignore[union-attr]
+        return self
 
     def final_evaluation(self):
         """Context manager yielding the test :class:`Split` for a final evaluation."""

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from budgeted_attention.data.dataset import Split, TensorSplits
 from budgeted_attention.data.sources import DataSourceConfig, Example, RawDataset, load_source
 from budgeted_attention.errors import ConfigError, DataError
+from budgeted_attention.io import atomic_path
 
 PAD, UNK, CLS = "[PAD]", "[UNK]", "[CLS]"
 
@@ -171,7 +172,8 @@ def make_text_splits(
     else:
         tokenizer = build_tokenizer([e.text for e in train], cfg.max_len, cfg.min_frequency, cfg.max_vocab)
     if tokenizer_path is not None:
-        tokenizer.save(str(tokenizer_path))
+        with atomic_path(tokenizer_path) as tmp:
+            tokenizer.save(str(tmp))
     splits = TensorSplits(
         train=encode(tokenizer, train),
         val=encode(tokenizer, val),

@@ -75,6 +75,7 @@ from budgeted_attention.data.synthetic import SyntheticConfig, make_synthetic_sp
 from budgeted_attention.data.text import TextDataConfig, make_text_splits
 from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
+from budgeted_attention.training import distributed
 from budgeted_attention.model.config import MetaConfig, ModelConfig
 from budgeted_attention.model.router import RouterConfig
 from budgeted_attention.model.cost import estimated_cost
@@ -215,6 +216,7 @@ _LATER_KEYS = {
     ("notes",): "", ("task",): "classify", ("lm_data",): to_dict(LMDataConfig()), ("model", "qk_norm"): False, ("model", "residual_gate"): False,
     ("model", "attention"): "softmax", ("model", "meta"): to_dict(MetaConfig()), ("model", "positions"): "learned",
     ("router",): to_dict(RouterConfig()), ("synthetic", "mixed_markers"): False,
+    ("train", "bf16"): False,
 }
 
 
@@ -226,6 +228,7 @@ def _shape(entry: dict[str, Any]) -> dict[str, Any]:
 def config_digest(cfg: ExperimentConfig) -> str:
     """SHA-256 of the resolved config (what ``config.sha256`` stamps in a run directory)."""
     data = to_dict(cfg)
+    data["train"].pop("device", None)  # where a run trains is not what it computes: resumable anywhere
     for path, default in _LATER_KEYS.items():
         parent = data
         for key in path[:-1]:
@@ -308,8 +311,10 @@ class Experiment:
         self._stamp_config()
         init_run_dir(self.out, to_dict(cfg), cfg.seeds)
         write_json_atomic(self.out / "lengths.json", {"split": "train", "lengths": self.splits.train.lengths()})
+        self.splits.to(distributed.current().device)  # data moved once; training and evaluation batches start there
         if self.splits.class_names:  # what baa serve answers with
             write_json_atomic(self.out / "labels.json", {"class_names": list(self.splits.class_names)})
+        distributed.barrier()  # every rank starts the units after rank 0 stamped the run directory
 
     # ---------------------------------------------------------------- bookkeeping
 
@@ -343,12 +348,19 @@ class Experiment:
             if not isinstance(rows, list) or not all(isinstance(r, dict) and "method" in r and "budget" in r for r in rows):
                 raise CheckpointError(f"finished-unit record '{path}' is malformed; delete it to rerun the unit")
             return record
+        runtime = distributed.current()
+        if runtime.distributed and unit.startswith("bench") and not runtime.is_main:
+            # Timing-only units run on rank 0 alone (timing beside another rank's copy would be
+            # contended); the other ranks wait, then read the record rank 0 wrote.
+            distributed.barrier()
+            return self._unit(seed, unit, index, work)
         seed_everything(1000 * seed + index)
         started = time.time()
         record = work()
         record["rows"] = [r.to_dict() if isinstance(r, ResultRow) else r for r in record.get("rows", [])]
         record["seconds"] = time.time() - started
-        write_json_atomic(path, record)
+        write_json_atomic(path, record)  # rank 0 only (other ranks' writes are discarded)
+        distributed.barrier()  # the next unit reads what rank 0 wrote (checkpoints, rankings)
         return record
 
     def _load(self, seed: int, name: str) -> tuple[GatedModel, dict[str, Any]]:
@@ -806,4 +818,7 @@ def run_experiment(
 ) -> dict[str, Any]:
     cfg = load_experiment_config(config_path, overrides, task)
     out = out_dir or f"runs/{cfg.name}"
-    return Experiment(cfg, out, progress=progress).run(finished_only=finished_only)
+    with distributed.running(cfg.train.device, cfg.train.bf16) as runtime:
+        quiet = not runtime.is_main  # one process reports (rank 0)
+        log = (lambda *_: None) if quiet else print
+        return Experiment(cfg, out, progress=progress and not quiet, log=log).run(finished_only=finished_only)

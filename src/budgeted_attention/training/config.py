@@ -16,6 +16,9 @@ class TrainConfig:
     hard) step uses b = 1 with probability ``full_budget_prob`` and otherwise draws
     b ~ Uniform[budget_min, budget_max]. ``sandwich``: each step runs the full model, b = budget_min
     and ``sandwich_random`` uniform budgets, the sub-models distilled from the full model's output.
+    Where: ``device`` (``auto``: CUDA when available, else the CPU) and ``bf16`` (bfloat16
+    autocast, CUDA only); under ``torchrun`` each process uses its own GPU (see
+    :mod:`budgeted_attention.training.distributed`). ``batch_size`` is the *global* batch.
     Early stopping of the dense stage: with ``early_stopping_patience`` > 0, validation accuracy
     is computed every ``eval_every`` steps and training stops after that many evaluations
     without improvement (``dense_steps`` is then the maximum).
@@ -55,6 +58,8 @@ class TrainConfig:
     distill_temperature: float = 2.0
     budget_sampling: str = "single"
     sandwich_random: int = 2
+    device: str = "auto"
+    bf16: bool = False
 
     def __post_init__(self) -> None:
         """Check every value (types too: NaN, infinities and bools are refused), naming ``train.<key>``."""
@@ -76,6 +81,10 @@ class TrainConfig:
         check_int(self.early_stopping_patience, "train.early_stopping_patience", ge=0)
         check_int(self.eval_every, "train.eval_every", ge=1)
         check_int(self.sandwich_random, "train.sandwich_random", ge=0)
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"train.device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if not isinstance(self.bf16, bool):
+            raise ConfigError(f"train.bf16 must be true or false, got {self.bf16!r}")
         if self.budget_sampling not in ("single", "sandwich"):
             raise ConfigError(f"train.budget_sampling must be 'single' or 'sandwich', got {self.budget_sampling!r}")
         if self.budget_min > self.budget_max:

@@ -27,6 +27,7 @@ from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.router import pooled_embeddings
 from budgeted_attention.tasks import CLASSIFY, Task
 from budgeted_attention.training.config import TrainConfig
+from budgeted_attention.training import distributed
 from budgeted_attention.training.stages import StageLog, run_steps, sample_budget
 
 
@@ -50,7 +51,7 @@ def train_routed(
     if router is None:
         raise ValueError("train_routed needs a model with a head router (model.attach_router)")
     if teacher is not None:
-        teacher = copy.deepcopy(teacher).eval()
+        teacher = copy.deepcopy(teacher).eval().to(distributed.current().device)
         for param in teacher.parameters():
             param.requires_grad_(False)
     capped = router.cfg.mode == "capped"

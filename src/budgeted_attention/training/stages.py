@@ -42,6 +42,7 @@ from budgeted_attention.model.cost import estimated_cost
 from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.tasks import CLASSIFY, Task
+from budgeted_attention.training import distributed
 from budgeted_attention.training.config import TrainConfig
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, random.Random], tuple[torch.Tensor, dict]]
@@ -134,6 +135,36 @@ def _schedule(step: int, total: int, warmup_frac: float) -> float:
     return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+class _LossStep(nn.Module):
+    """One training step's loss as a module, so DistributedDataParallel sees one forward per
+    backward even when the loss runs the model several times (sandwich rule, teacher passes)."""
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, ids, mask, labels, rng: random.Random, scale: float = 1.0) -> tuple[torch.Tensor, dict]:
+        loss, info = self.loss_fn(self.model, ids, mask, labels, rng)
+        auxiliary = self.model.auxiliary_loss() if hasattr(self.model, "auxiliary_loss") else None
+        if auxiliary is not None:  # e.g. Meta-Attention's routing KL of this step's forward passes
+            loss = loss + auxiliary
+            info = {**info, "aux": float(auxiliary.detach())}
+        return loss * scale, info
+
+
+def _distributed_step(model: nn.Module, loss_fn: LossFn, runtime: distributed.Runtime) -> nn.Module:
+    """The step module: wrapped in DDP under torchrun (gradients averaged over ranks), else plain."""
+    step = _LossStep(model, loss_fn)
+    if not runtime.distributed:
+        return step
+    from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
+
+    device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+    # find_unused_parameters: the dense stage leaves the gates unused, hard stages freeze them.
+    return DistributedDataParallel(step, device_ids=device_ids, find_unused_parameters=True)
+
+
 def run_steps(
     model: nn.Module,
     train: Split,
@@ -158,35 +189,37 @@ def run_steps(
     log = StageLog()
     if steps == 0:
         return log
+    runtime = distributed.current()
     best_score, best_state, stale = -math.inf, None, 0
+    model.to(runtime.device)  # a no-op when the pipeline already moved it
     model.train()
+    step_module = _distributed_step(model, loss_fn, runtime)
     optimizer = _adamw(_param_groups(model, lr, cfg.gate_lr, cfg.weight_decay))
     base_lrs = [group["lr"] for group in optimizer.param_groups]
     batch_gen = torch.Generator().manual_seed(seed)
     budget_rng = random.Random(seed)
     losses: list[float] = []
     batches = iter(())
-    bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False, dynamic_ncols=True)
+    bar = tqdm(range(steps), desc=desc, disable=not progress or not runtime.is_main, leave=False, dynamic_ncols=True)
     for step in bar:
         try:
-            ids, mask, labels = next(batches)
+            batch = next(batches)
         except StopIteration:
             batches = train.batches(cfg.batch_size, shuffle=True, generator=batch_gen)
-            ids, mask, labels = next(batches)
+            batch = next(batches)
+        # Every rank drew the same global batch (same generator); each trains on its shard.
+        (ids, mask, labels), scale = distributed.shard(tuple(t.to(runtime.device, non_blocking=True) for t in batch), runtime)
         factor = _schedule(step, steps, cfg.warmup_frac)
         for group, base in zip(optimizer.param_groups, base_lrs):
             group["lr"] = base * factor
-        loss, info = loss_fn(model, ids, mask, labels, budget_rng)
-        auxiliary = model.auxiliary_loss() if hasattr(model, "auxiliary_loss") else None
-        if auxiliary is not None:  # e.g. Meta-Attention's routing KL of this step's forward passes
-            loss = loss + auxiliary
-            info = {**info, "aux": float(auxiliary.detach())}
+        with runtime.autocast():
+            loss, info = step_module(ids, mask, labels, budget_rng, scale)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.grad_clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
-        losses.append(float(loss.detach()))
+        losses.append(float(loss.detach()) / scale if scale else float("nan"))
         if step % 20 == 0:
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", **{k: f"{v:.3f}" for k, v in info.items()})
         done = step + 1
@@ -334,7 +367,7 @@ def train_budgeted(
     ``unit_costs``: FLOPs per head, or per head and FFN group (:class:`UnitGates`): the gated units.
     """
     if teacher is not None:
-        teacher = copy.deepcopy(teacher).eval()
+        teacher = copy.deepcopy(teacher).eval().to(distributed.current().device)
         for param in teacher.parameters():
             param.requires_grad_(False)
     loss_fn = budgeted_loss(model, unit_costs, cfg, teacher, task)
@@ -368,7 +401,7 @@ def train_hard(
     use_sandwich = cfg.budget_sampling == "sandwich"
     teacher = None
     if not use_sandwich:  # the sandwich distils from the model's own full output
-        teacher = copy.deepcopy(model).eval()
+        teacher = copy.deepcopy(model).eval().to(distributed.current().device)
         for param in teacher.parameters():
             param.requires_grad_(False)
     low, high = budgets if budgets is not None else (cfg.budget_min, cfg.budget_max)
