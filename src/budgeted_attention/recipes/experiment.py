@@ -216,7 +216,8 @@ _LATER_KEYS = {
     ("notes",): "", ("task",): "classify", ("lm_data",): to_dict(LMDataConfig()), ("model", "qk_norm"): False, ("model", "residual_gate"): False,
     ("model", "attention"): "softmax", ("model", "meta"): to_dict(MetaConfig()), ("model", "positions"): "learned",
     ("router",): to_dict(RouterConfig()), ("synthetic", "mixed_markers"): False,
-    ("train", "bf16"): False,
+    ("train", "bf16"): False, ("bench", "onnx"): False, ("bench", "device"): "cpu", ("bench", "compile"): False,
+    ("bench", "cuda_graphs"): False,
 }
 
 
