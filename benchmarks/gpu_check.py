@@ -3,7 +3,8 @@ give the CPU logits (our encoder and a tiny BERT), for budgets, explicit gates a
 
     PYTHONPATH=src python benchmarks/gpu_check.py
 
-Training on GPUs is issue 13; this checks that nothing in the forward paths pins tensors to the CPU.
+Part of benchmarks/gpu_check.sh (which also trains and times on the GPU): this checks that nothing in
+the forward paths pins tensors to the CPU.
 """
 
 from __future__ import annotations

@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=_positive_int, default=7, help="interleaved timing rounds (default 7)")
     bench.add_argument("--min-run-time", type=_positive_float, default=0.3, help="seconds per timing block (default 0.3)")
     bench.add_argument("--lengths", action="store_true", help="also time padded batches with lengths sampled from the run's training split")
+    bench.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to time (cuda: CUDA events after warm-up)")
+    bench.add_argument("--compile", action="store_true", help="torch.compile every timed model")
+    bench.add_argument("--cuda-graphs", action="store_true", help="time CUDA-graph replays (--device cuda)")
     bench.add_argument("--onnx", action="store_true", help="also time ONNX Runtime graphs of the dense and pruned models (needs the serve extra)")
     bench.add_argument("--json", help="write the JSON result here (default RUN_DIR/bench.json)")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -196,6 +199,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         json_path=args.json,
         lengths=args.lengths,
         onnx=args.onnx,
+        device=args.device,
+        compile=args.compile,
+        cuda_graphs=args.cuda_graphs,
         progress=not args.no_progress,
     )
     return 0

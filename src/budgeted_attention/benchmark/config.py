@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from budgeted_attention.config import check_bool, check_budgets, check_float, check_int, check_int_list
+from budgeted_attention.errors import ConfigError
 
 
 @dataclass
@@ -23,6 +24,10 @@ class BenchConfig:
             real token counts (the latency a user of the data set sees).
         onnx: also export the dense model and every budget's pruned model to ONNX and time them
             with ONNX Runtime (``threads`` intra-op threads) in the same interleaved rounds.
+        device: ``cpu`` (torch.utils.benchmark) or ``cuda`` (CUDA events after warm-up, every
+            model and input on the GPU).
+        compile: ``torch.compile`` every timed model (each pruned shape compiles once).
+        cuda_graphs: capture each timed call in a CUDA graph and time its replay (``cuda`` only).
 
     Every value is checked on construction (``ConfigError`` naming ``bench.<key>``): budgets
     finite in (0, 1]; batch sizes at least one, all >= 1; sequence lengths >= 1; threads and
@@ -38,6 +43,9 @@ class BenchConfig:
     include_sliced: bool = True
     lengths: bool = False
     onnx: bool = False
+    device: str = "cpu"
+    compile: bool = False
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         self.budgets = check_budgets(self.budgets, "bench.budgets", allow_empty=True)
@@ -49,3 +57,11 @@ class BenchConfig:
         check_bool(self.include_sliced, "bench.include_sliced")
         check_bool(self.lengths, "bench.lengths")
         check_bool(self.onnx, "bench.onnx")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"bench.device must be 'cpu' or 'cuda', got {self.device!r}")
+        check_bool(self.compile, "bench.compile")
+        check_bool(self.cuda_graphs, "bench.cuda_graphs")
+        if self.cuda_graphs and self.device != "cuda":
+            raise ConfigError("bench.cuda_graphs needs bench.device 'cuda'")
+        if self.onnx and self.device != "cpu":
+            raise ConfigError("bench.onnx times ONNX Runtime on the CPU; use bench.device 'cpu'")

@@ -54,6 +54,54 @@ def measure_interleaved(
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def measure_interleaved_cuda(
+    functions: dict[str, Callable[[], object]],
+    *,
+    rounds: int = 5,
+    iterations: int = 20,
+    warmup: int = 5,
+) -> dict[str, float]:
+    """Median milliseconds per call on the current CUDA device, timed with CUDA events.
+
+    Each round times every function once (``iterations`` back-to-back calls between two events,
+    order rotating per round), after ``warmup`` untimed calls each; the GPU is synchronised
+    around every measurement, so launch overhead counts, as it does for a served request.
+    """
+    with torch.inference_mode():
+        for fn in functions.values():
+            for _ in range(warmup):
+                fn()
+        torch.cuda.synchronize()
+        samples: dict[str, list[float]] = {name: [] for name in functions}
+        names = list(functions)
+        for round_index in range(rounds):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(iterations):
+                    functions[name]()
+                end.record()
+                torch.cuda.synchronize()
+                samples[name].append(start.elapsed_time(end) / iterations)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def cuda_graph(fn: Callable[[], object], warmup: int = 3) -> Callable[[], None]:
+    """``fn`` (fixed inputs) captured in a CUDA graph; returns the replay (one launch per call)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.inference_mode():
+        with torch.cuda.stream(stream):  # warm-up on a side stream, as capture requires
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    return graph.replay
+
+
 def time_call(fn: Callable[[], object], *, repeats: int = 200) -> float:
     """Median wall time of ``fn()`` in milliseconds (for sub-millisecond operations)."""
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=1)

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from budgeted_attention.benchmark.config import BenchConfig
 from budgeted_attention.benchmark.inputs import length_batches, random_ids
-from budgeted_attention.benchmark.latency import measure_interleaved, time_call
+from budgeted_attention.benchmark.latency import cuda_graph, measure_interleaved, measure_interleaved_cuda, time_call
 from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.pruning.selection import KeptUnits, Ranking, UnitRanking
@@ -155,14 +155,16 @@ def bench_models(
         raise ValueError(f"the data's longest example ({max(lengths)} tokens) exceeds the model's max_len {model.max_len}")
     vocab = vocab_size or _vocab_size(model)
     low_id = min(low_id, vocab // 2)  # tiny test vocabularies have no "ordinary word" id range
-    plain = model.plain_reference().eval()
-    references = {name: ref.eval() for name, ref in model.library_references().items()}
+    device = _bench_device(cfg)
+    plain = model.plain_reference().eval().to(device)
+    references = {name: ref.eval().to(device) for name, ref in model.library_references().items()}
     pruned: dict[str, tuple[float, GatedModel, bool]] = {}  # key -> (budget, model, FFN pruned)
     for b, kept in list(kept_by_budget.items()) + list((extra_kept or {}).items()):
         units = as_kept(kept)
         scope = "heads" if units.groups is None else "all"
-        pruned[_key(b, scope)] = (b, model.pruned_copy(units.heads, units.groups), scope == "all")
-    sliced = SlicedModel(model, ranking) if (ranking is not None and cfg.include_sliced) else None
+        pruned[_key(b, scope)] = (b, model.pruned_copy(units.heads, units.groups).to(device), scope == "all")
+    sliced = SlicedModel(model, ranking).to(device) if (ranking is not None and cfg.include_sliced) else None
+    model = model.to(device)  # the gated model at b = 1 (moved back to the CPU at the end)
     sliced_scope = "all" if isinstance(ranking, UnitRanking) else "heads"
     main_keys = [_key(b, "heads" if as_kept(k).groups is None else "all") for b, k in kept_by_budget.items()]
     with tempfile.TemporaryDirectory(prefix="baa-bench-onnx-") as folder:
@@ -186,6 +188,13 @@ def bench_models(
             "onnx": f"onnxruntime {_ort_version()}, {cfg.threads} intra-op thread(s), b = 1 graph as its reference" if cfg.onnx else None,
         },
     }
+    model.to("cpu")
+    if cfg.device == "cuda":
+        result["setting"]["timer"] = (
+            f"CUDA events on {torch.cuda.get_device_name(device)}, interleaved, median of round medians"
+            + (", torch.compile" if cfg.compile else "") + (", CUDA graphs" if cfg.cuda_graphs else "")
+        )
+        result["setting"]["device"] = "cuda"
     if sliced is not None:
         budgets = sorted(kept_by_budget) if len(kept_by_budget) > 1 else sorted(kept_by_budget) + [1.0]
         state = {"i": 0}
@@ -198,27 +207,58 @@ def bench_models(
     return result
 
 
+def _bench_device(cfg: BenchConfig) -> torch.device:
+    """The timing device (``ValueError`` naming the problem when CUDA is asked for and absent)."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("bench device 'cuda' requested but no CUDA GPU is available (torch.cuda.is_available() is False)")
+    return torch.device(cfg.device)
+
+
+def _compiler(cfg: BenchConfig) -> Callable[[torch.nn.Module], Callable[..., Any]]:
+    """``torch.compile`` when asked for (memoised per module: each shape compiles once), else identity."""
+    if not cfg.compile:
+        return lambda module: module
+    cache: dict[int, Callable[..., Any]] = {}
+
+    def compiled(module: torch.nn.Module) -> Callable[..., Any]:
+        if id(module) not in cache:
+            cache[id(module)] = torch.compile(module, dynamic=False)
+        return cache[id(module)]
+
+    return compiled
+
+
+def _measure(functions: dict[str, Callable[[], None]], cfg: BenchConfig) -> dict[str, float]:
+    """Median ms per call: CUDA events (optionally CUDA-graph replays) on the GPU, torch.utils.benchmark on the CPU."""
+    if cfg.device == "cuda":
+        if cfg.cuda_graphs:
+            functions = {name: cuda_graph(fn) for name, fn in functions.items()}
+        return measure_interleaved_cuda(functions, rounds=cfg.rounds)
+    return measure_interleaved(functions, threads=cfg.threads, rounds=cfg.rounds, min_run_time=cfg.min_run_time)
+
+
 def _time_settings(
     model: GatedModel, plain, references, pruned, sliced, sliced_scope: str, onnx, kept_by_budget, cfg: BenchConfig, settings, progress: bool,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Time every candidate on each input setting, interleaved; (speed rows, gate-overhead entries)."""
     rows: list[dict[str, Any]] = []
     overhead: list[dict[str, Any]] = []
+    device = _bench_device(cfg)
+    compiled = _compiler(cfg)
     for label, batch, seq, batches in tqdm(settings, desc="bench", disable=not progress, leave=False):
-        functions: dict[str, Callable[[], None]] = {"plain": _runner(plain, batches)}
+        batches = [(ids.to(device), None if mask is None else mask.to(device)) for ids, mask in batches]
+        functions: dict[str, Callable[[], None]] = {"plain": _runner(compiled(plain), batches)}
         for name, ref in references.items():
-            functions[name] = _runner(ref, batches)
+            functions[name] = _runner(compiled(ref), batches)
         functions["gated_b1"] = _runner(lambda ids, mask: model(ids, mask, budget=1.0), batches)
         for key, (_, pm, _) in pruned.items():
-            functions[f"pruned_{key}"] = _runner(pm, batches)
+            functions[f"pruned_{key}"] = _runner(compiled(pm), batches)
         for name, make in onnx.items():
             functions[name] = make(batches)
         if sliced is not None:
             for b in kept_by_budget:
                 functions[f"sliced_{b}"] = (lambda budget, run: lambda: (sliced.set_budget(budget), run()))(b, _runner(sliced, batches))
-        latency = {k: v / len(batches) for k, v in measure_interleaved(
-            functions, threads=cfg.threads, rounds=cfg.rounds, min_run_time=cfg.min_run_time
-        ).items()}
+        latency = {k: v / len(batches) for k, v in _measure(functions, cfg).items()}
         cost = model.cost_model(seq)
         dense_ms = latency["plain"]
         for key, (b, pm, ffn_pruned) in pruned.items():

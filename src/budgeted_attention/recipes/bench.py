@@ -44,13 +44,17 @@ def run_bench(
     json_path: str | None,
     lengths: bool = False,
     onnx: bool = False,
+    device: str = "cpu",
+    compile: bool = False,
+    cuda_graphs: bool = False,
     progress: bool = True,
     log=print,
 ) -> dict[str, Any]:
     """Bench the budgeted-hard checkpoint of a run (any model family) and write JSON/MD/PNG."""
     checkpoint = find_hard_checkpoint(run_dir, seed)
     parse_ranking(checkpoint, read_description(checkpoint))  # a bad checkpoint fails before any model is built
-    cfg = BenchConfig(budgets=budgets, batch_sizes=batch_sizes, seq_lens=seq_lens, threads=threads, rounds=rounds, min_run_time=min_run_time, lengths=lengths, onnx=onnx)
+    cfg = BenchConfig(budgets=budgets, batch_sizes=batch_sizes, seq_lens=seq_lens, threads=threads, rounds=rounds, min_run_time=min_run_time, lengths=lengths, onnx=onnx,
+                      device=device, compile=compile, cuda_graphs=cuda_graphs)
     model, description = load_model(checkpoint)
     ranking = load_ranking(checkpoint, description, model)
     out_dir = checkpoint.parent.parent.parent if Path(run_dir).is_dir() else checkpoint.parent
