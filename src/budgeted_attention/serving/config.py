@@ -59,7 +59,7 @@ class ServeConfig:
     max_queue: int = 256
     shed_expired: bool = True
     threads: int = 1
-    warmup_batches: int = 2
+    warmup_batches: int = 1
     calibration_batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
     calibration_seq_len: int = 0
 

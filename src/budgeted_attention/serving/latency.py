@@ -76,7 +76,7 @@ def calibrate(
     *,
     seq_len: int,
     warmup: int = 2,
-    repeats: int = 5,
+    repeats: int = 3,
 ) -> LatencyModel:
     """Time ``run_batch(budget, batch_size)`` (returns seconds) for every pair; median of ``repeats``."""
     table: dict[float, dict[int, float]] = {}
