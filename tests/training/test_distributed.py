@@ -115,3 +115,30 @@ bench: {{rounds: 1, min_run_time: 0.005}}
     # Resume under torchrun: every unit is read back, nothing is retrained or rewritten by rank 1.
     run_worker(["experiment", str(config), str(tmp_path / "two")], tmp_path, nproc=2)
     assert json.loads((tmp_path / "two" / "replaced-rank1.json").read_text()) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+def test_training_on_cuda_matches_the_cpu(tiny_run):
+    """The dense and budgeted stages on the GPU (data, teacher, costs and masks on the device)."""
+    from budgeted_attention.data.dataset import Split
+    from budgeted_attention.model.config import ModelConfig
+    from budgeted_attention.model.transformer import EncoderClassifier
+    from budgeted_attention.training.config import TrainConfig
+    from budgeted_attention.training.stages import train_budgeted, train_dense
+
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 40, (32, 10), generator=generator)
+    train = Split(ids, torch.ones_like(ids), torch.randint(0, 3, (32,), generator=generator))
+    cfg = TrainConfig(batch_size=8, dense_steps=5, budgeted_steps=5)
+    results = {}
+    for device in ("cpu", "cuda"):
+        distributed.use(Runtime(torch.device(device)))
+        try:
+            torch.manual_seed(0)
+            model = EncoderClassifier(ModelConfig(vocab_size=40, n_classes=3, max_len=10, d_model=16, n_layers=2, n_heads=2, d_ff=32, dropout=0.0))
+            train_dense(model, train.to(device), cfg, seed=0, progress=False)
+            train_budgeted(model, train.to(device), cfg, model.unit_costs(10), seed=0, teacher=model, progress=False)
+            results[device] = {k: v.cpu() for k, v in model.state_dict().items()}
+        finally:
+            distributed.use(Runtime())
+    assert max(float((results["cpu"][k] - results["cuda"][k]).abs().max()) for k in results["cpu"] if not k.endswith("qkv_bias")) < 1e-3

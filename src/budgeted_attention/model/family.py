@@ -203,6 +203,9 @@ class GatedModel(nn.Module):
         explicit = as_unit_gates(gates)
         if explicit is not None:
             self._check_gates(explicit)
+            device = self.gates.bias.device  # masks built on the CPU (rankings) follow the model to a GPU
+            if explicit.heads.device != device:
+                explicit = UnitGates(explicit.heads.to(device), None if explicit.ffn is None else explicit.ffn.to(device))
             resolved: UnitGates | None = explicit
         elif budget is None or validate_budget(budget) == 1.0:
             resolved = None  # g(1) = 1 for every unit: b = 1 is the dense model, no gate code

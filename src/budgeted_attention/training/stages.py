@@ -370,6 +370,8 @@ def train_budgeted(
         teacher = copy.deepcopy(teacher).eval().to(distributed.current().device)
         for param in teacher.parameters():
             param.requires_grad_(False)
+    device = distributed.current().device  # the costs meet the gates on the training device
+    unit_costs = unit_costs.map(lambda t: t.to(device)) if isinstance(unit_costs, UnitGates) else unit_costs.to(device)
     loss_fn = budgeted_loss(model, unit_costs, cfg, teacher, task)
     n_steps = cfg.budgeted_steps if steps is None else steps
     return run_steps(model, train, n_steps, loss_fn, cfg, seed=seed, lr=cfg.lr, desc=desc, progress=progress)
