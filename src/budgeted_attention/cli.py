@@ -302,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         message = _first_line(str(exc)) or type(exc).__name__
         print(f"baa: error: {message}", file=sys.stderr)
         return 2
+    except ImportError as exc:  # an optional extra is not installed (serve: fastapi, uvicorn, onnx...)
+        missing = getattr(exc, "name", None) or _first_line(str(exc))
+        print(f"baa: error: '{args.command}' needs the optional dependency {missing!r} (pip install -e '.[serve]')", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("baa: interrupted", file=sys.stderr)
         return 130

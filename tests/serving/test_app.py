@@ -155,3 +155,18 @@ def test_a_run_that_fails_to_load_reports_it_on_readyz(tmp_path):
             time.sleep(0.05)
         assert response.status_code == 503 and "run directory not found" in response.json()["error"]
         assert c.get("/healthz").status_code == 200
+
+
+def test_an_unexpected_error_is_a_json_500_and_counted(tiny_run):
+    from budgeted_attention.serving.engine import Engine
+
+    class Failing(Engine):
+        def tokenize(self, texts):
+            raise RuntimeError("tokenizer bug")
+
+    app = create_app(tiny_run, ServeConfig(**FAST), engine=Failing(tiny_run, ServeConfig(**FAST)))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        wait_ready(c)
+        response = c.post("/v1/classify", json={"texts": ["a"]})
+        assert response.status_code == 500 and response.json() == {"error": "internal error: RuntimeError"}
+        assert 'baa_requests_total{status="500"}' in c.get("/metrics").text

@@ -147,3 +147,47 @@ def test_a_failing_model_call_reaches_every_request_of_the_batch_and_the_worker_
         return result
 
     assert run(main()).probabilities[0, 0] == 7.0
+
+
+def test_backlog_groups_by_kind_like_the_worker():
+    runner = FakeRunner()
+    batcher = make(runner, max_batch_size=2)
+    loop = asyncio.new_event_loop()
+    try:
+        from budgeted_attention.serving.batcher import SLO, Job
+
+        for key in (SLO, 1.0, SLO, 1.0, SLO):
+            batcher.queue.append(Job([[1, 2]], key, 50.0 if key == SLO else float("inf"), 0.0, loop.create_future()))
+        backlog = batcher._backlog()
+    finally:
+        loop.close()
+    assert [(n, fixed) for n, _, _, fixed in backlog] == [(2, None), (2, 1.0), (1, None)]
+
+
+def test_a_bookkeeping_error_fails_the_batch_not_the_worker():
+    class Broken:
+        calls = 0
+
+        def batch(self, budget, n_texts, seconds):
+            Broken.calls += 1
+            if Broken.calls == 1:
+                raise RuntimeError("metrics broke")
+
+        def shed(self, reason, n=1):
+            pass
+
+        def queue(self, n_texts):
+            pass
+
+    async def main():
+        runner = FakeRunner()
+        cfg = ServeConfig(budgets=BUDGETS, min_budget=0.5, max_wait_ms=0.0)
+        batcher = Batcher(runner, cfg, latency_model(runner), floor=0.5, observer=Broken())
+        batcher.start()
+        with pytest.raises(RuntimeError, match="metrics broke"):
+            await batcher.submit([[1]], 1.0, None)
+        result = await batcher.submit([[5]], 1.0, None)
+        await batcher.drain()
+        return result
+
+    assert run(main()).probabilities[0, 0] == 5.0

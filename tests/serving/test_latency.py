@@ -17,12 +17,24 @@ def test_prediction_interpolates_in_texts_times_tokens():
     assert model.predict_ms(0.5, 16, 10) == pytest.approx(8.0 + 6 / 7 * 8)  # extrapolated on the last slope
 
 
-def test_live_timings_correct_the_budget_they_were_measured_at():
+def test_live_timings_correct_every_budget_and_recover():
     model = LatencyModel(TABLE, seq_len=10, smoothing=0.5)
     model.observe(1.0, 1, 10, 8.0)  # twice as slow as calibrated
-    assert model.correction[1.0] == pytest.approx(1.5)
-    assert model.correction[0.5] == 1.0
+    assert model.factor == pytest.approx(1.5)
     assert model.predict_ms(1.0, 1, 10) == pytest.approx(6.0)
+    assert model.predict_ms(0.5, 1, 10) == pytest.approx(3.0)  # the machine slowed down for every budget
+    for _ in range(20):  # only the cheap budget runs now, at its calibrated speed
+        model.observe(0.5, 1, 10, 2.0)
+    assert model.predict_ms(1.0, 1, 10) == pytest.approx(4.0, rel=0.01)  # b = 1 recovers without running
+
+
+def test_backlog_batches_at_a_fixed_budget_are_priced_at_it():
+    model = LatencyModel(TABLE, seq_len=10)
+    # The SLO batch fits at b=1 (4 ms) but an explicit b=1 batch of 8 (16 ms) behind it must also
+    # fit its 25 ms deadline: 4 + 16 = 20 at b=1 for the SLO batch, fine; at a 19 ms deadline only
+    # a cheaper SLO batch (2 + 16 = 18) keeps it on time.
+    assert pick_budget(model, [(1, 10, 100.0), (8, 10, 25.0, 1.0)], 0.0, 0.5) == 1.0
+    assert pick_budget(model, [(1, 10, 100.0), (8, 10, 19.0, 1.0)], 0.0, 0.5) == 0.5
 
 
 def test_monotone_removes_noisy_inversions():

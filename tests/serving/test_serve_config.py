@@ -43,3 +43,23 @@ def test_yaml_file_and_overrides(tmp_path):
     assert (cfg.target_p95_ms, cfg.max_wait_ms, cfg.min_budget, cfg.backend) == (40.0, 2.0, 0.5, "onnxruntime")
     with pytest.raises(ConfigError, match="unknown"):
         load_serve_config(None, ["max_wiat_ms=2"])
+
+
+def test_floor_budget_from_min_budget_and_validation_accuracy():
+    from budgeted_attention.serving.engine import floor_budget
+
+    cfg = ServeConfig(budgets=[0.25, 0.5, 1.0], min_budget=0.3)
+    assert floor_budget(cfg, {}) == 0.5  # the smallest configured budget at or above min_budget
+    cfg = ServeConfig(budgets=[0.25, 0.5, 1.0], min_budget=0.25, min_accuracy=0.9)
+    assert floor_budget(cfg, {0.25: 0.85, 0.5: 0.91, 1.0: 0.95}) == 0.5
+    with pytest.raises(ConfigError, match="met by no budget"):
+        floor_budget(cfg, {0.25: 0.5, 0.5: 0.6, 1.0: 0.7})
+
+
+def test_min_accuracy_that_no_budget_meets_fails_before_start_up(tiny_run, capsys, monkeypatch):
+    from budgeted_attention.cli import main
+    from budgeted_attention.serving import engine
+
+    monkeypatch.setattr(engine, "validation_accuracy", lambda run_dir, seed: {0.25: 0.5, 0.5: 0.6, 1.0: 0.7})
+    assert main(["serve", str(tiny_run), "--set", "min_accuracy=0.9"]) == 2
+    assert "serve.min_accuracy (0.9) is met by no budget" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
     python ddp_worker.py steps OUT          # 20 optimiser steps (10 dense + 10 budgeted) of a tiny encoder
     python ddp_worker.py experiment CONFIG OUT   # a tiny baa experiment
+    python ddp_worker.py fail OUT           # rank 1 raises while rank 0 waits
 
 ``steps``: rank 0 saves the trained weights to OUT/weights.safetensors. Every rank records the
 files it renamed into place (``os.replace``) in OUT/replaced-rank<R>.json (written directly, as
@@ -58,6 +59,16 @@ def steps(out: Path) -> None:
             save_file({**tensors, "logits_at_b0.5": logits.contiguous()}, str(out / "weights.safetensors"))
 
 
+def fail(out: Path) -> None:
+    """Rank 1 fails at once while rank 0 waits in a barrier: the job must end, not hang."""
+    from budgeted_attention.training import distributed
+
+    with distributed.running("cpu") as runtime:
+        if runtime.rank == 1:
+            raise ValueError("rank 1 failed on purpose")
+        distributed.barrier()
+
+
 def experiment(config: str, out: Path) -> None:
     from budgeted_attention.recipes.experiment import run_experiment
 
@@ -71,6 +82,8 @@ if __name__ == "__main__":
     rank = int(os.environ.get("RANK", "0"))
     if mode == "steps":
         steps(out)
+    elif mode == "fail":
+        fail(out)
     else:
         experiment(rest[0], out)
     with open(out / f"replaced-rank{rank}.json", "w", encoding="utf-8") as handle:  # instrumentation, not a run file

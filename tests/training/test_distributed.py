@@ -17,7 +17,7 @@ WORKER = Path(__file__).parent / "ddp_worker.py"
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
-def run_worker(args, tmp_path, nproc=1):
+def run_worker(args, tmp_path, nproc=1, expect_success=True):
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"
     if nproc == 1:
@@ -25,7 +25,9 @@ def run_worker(args, tmp_path, nproc=1):
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(WORKER), *args]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    if expect_success:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
 
 def test_shards_cover_the_global_batch_with_scales_that_average_to_one():
@@ -142,3 +144,9 @@ def test_training_on_cuda_matches_the_cpu(tiny_run):
         finally:
             distributed.use(Runtime())
     assert max(float((results["cpu"][k] - results["cuda"][k]).abs().max()) for k in results["cpu"] if not k.endswith("qkv_bias")) < 1e-3
+
+
+@pytest.mark.slow
+def test_a_failing_rank_ends_the_job_instead_of_hanging(tmp_path):
+    result = run_worker(["fail", str(tmp_path / "fail")], tmp_path, nproc=2, expect_success=False)
+    assert result.returncode != 0 and "rank 1 failed on purpose" in result.stderr

@@ -167,12 +167,15 @@ def bench_models(
     model = model.to(device)  # the gated model at b = 1 (moved back to the CPU at the end)
     sliced_scope = "all" if isinstance(ranking, UnitRanking) else "heads"
     main_keys = [_key(b, "heads" if as_kept(k).groups is None else "all") for b, k in kept_by_budget.items()]
-    with tempfile.TemporaryDirectory(prefix="baa-bench-onnx-") as folder:
-        onnx = _onnx_runners(model, pruned, main_keys, cfg.threads, folder) if cfg.onnx else {}
-        rows, overhead = _time_settings(
-            model, plain, references, pruned, sliced, sliced_scope, onnx, kept_by_budget, cfg,
-            _input_settings(model, cfg, vocab, lengths, pad_id, low_id), progress,
-        )
+    try:
+        with tempfile.TemporaryDirectory(prefix="baa-bench-onnx-") as folder:
+            onnx = _onnx_runners(model, pruned, main_keys, cfg.threads, folder) if cfg.onnx else {}
+            rows, overhead = _time_settings(
+                model, plain, references, pruned, sliced, sliced_scope, onnx, kept_by_budget, cfg,
+                _input_settings(model, cfg, vocab, lengths, pad_id, low_id), progress,
+            )
+    finally:
+        model.to("cpu")  # the caller's model, moved to the timing device above
     result: dict[str, Any] = {
         "rows": rows,
         "gate_overhead": overhead,
@@ -188,7 +191,6 @@ def bench_models(
             "onnx": f"onnxruntime {_ort_version()}, {cfg.threads} intra-op thread(s), b = 1 graph as its reference" if cfg.onnx else None,
         },
     }
-    model.to("cpu")
     if cfg.device == "cuda":
         result["setting"]["timer"] = (
             f"CUDA events on {torch.cuda.get_device_name(device)}, interleaved, median of round medians"

@@ -340,7 +340,7 @@ class Experiment:
     def _unit(self, seed: int, unit: str, index: int, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Run ``work()`` unless the unit is finished; returns its record (``rows`` and extras)."""
         path = self._unit_path(seed, unit)
-        if path.exists():
+        if distributed.agree(path.exists()):  # rank 0 decides, so every rank runs the same units
             try:
                 record = json.loads(path.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:

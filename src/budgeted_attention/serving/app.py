@@ -187,6 +187,13 @@ def create_app(
         state.metrics.request(status)
         return _error(status, message)
 
+    @app.exception_handler(Exception)
+    async def on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not a bad request: still JSON, still counted (the traceback goes to the log).
+        log.exception("baa serve: unexpected error on %s", request.url.path)
+        state.metrics.request(500)
+        return _error(500, f"internal error: {type(exc).__name__}")
+
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         """The process is alive."""

@@ -19,6 +19,7 @@ request whose deadline passed while it waited is dropped (:class:`DeadlineExpire
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections import deque
@@ -30,6 +31,7 @@ from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.latency import LatencyModel, pick_budget
 
 SLO = "slo"  # the batching key of requests whose budget the policy picks
+log = logging.getLogger("budgeted_attention.serve")
 
 
 class Overloaded(Exception):
@@ -196,8 +198,13 @@ class Batcher:
             if not self.queue:
                 continue
             jobs = self._take_batch()
-            budget = self._choose_budget(jobs)
-            await self._run(jobs, budget)
+            try:
+                await self._run(jobs, self._choose_budget(jobs))
+            except Exception as exc:  # noqa: BLE001 - a bug in bookkeeping fails this batch, never the worker
+                log.exception("baa serve: batch failed")
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
 
     async def _fill(self, first: Job) -> None:
         """Wait until the first job's batch is full or it has waited ``max_wait_ms``."""
@@ -252,32 +259,33 @@ class Batcher:
         current = (sum(j.n_texts for j in jobs), max(j.n_tokens for j in jobs), min(j.deadline_ms for j in jobs))
         return pick_budget(self.latency, [current, *self._backlog()], now_ms(), self.floor)
 
-    def _backlog(self) -> list[tuple[int, int, float]]:
-        """The queued jobs as the batches they would form, in order: (texts, tokens, earliest deadline)."""
-        batches: list[tuple[int, int, float]] = []
-        texts, tokens, deadline = 0, 0, math.inf
-        for job in self.queue:
-            if texts and texts + job.n_texts > self.cfg.max_batch_size:
-                batches.append((texts, tokens, deadline))
-                texts, tokens, deadline = 0, 0, math.inf
-            texts += job.n_texts
-            tokens = max(tokens, job.n_tokens)
-            deadline = min(deadline, job.deadline_ms)
-        if texts:
-            batches.append((texts, tokens, deadline))
+    def _backlog(self) -> list[tuple[int, int, float, float | None]]:
+        """The queued jobs as the worker would batch them, in order (oldest job's kind first, up to
+        ``max_batch_size`` texts of that kind): (texts, tokens, earliest deadline, fixed budget or
+        None for policy batches)."""
+        pending = list(self.queue)
+        batches: list[tuple[int, int, float, float | None]] = []
+        while pending:
+            key = pending[0].key
+            group, texts = [], 0
+            for job in pending:
+                if job.key != key:
+                    continue
+                if group and texts + job.n_texts > self.cfg.max_batch_size:
+                    break
+                group.append(job)
+                texts += job.n_texts
+            for job in group:
+                pending.remove(job)
+            fixed = None if key == SLO else float(key)
+            batches.append((texts, max(j.n_tokens for j in group), min(j.deadline_ms for j in group), fixed))
         return batches
 
     async def _run(self, jobs: list[Job], budget: float) -> None:
         ids = [x for job in jobs for x in job.ids]
         start = now_ms()
         self.budget_in_use = budget
-        try:
-            probabilities = await asyncio.get_running_loop().run_in_executor(self._executor, self.runner.run, ids, budget)
-        except Exception as exc:  # noqa: BLE001 - every waiting request gets the error, the worker lives on
-            for job in jobs:
-                if not job.future.done():
-                    job.future.set_exception(exc)
-            return
+        probabilities = await asyncio.get_running_loop().run_in_executor(self._executor, self.runner.run, ids, budget)
         elapsed = now_ms() - start
         self.latency.observe(budget, len(ids), max(len(x) for x in ids), elapsed)
         if self.observer:

@@ -44,6 +44,10 @@ def preflight(run_dir: str, cfg: ServeConfig, seed: int | None, onnx_dir: str | 
     folder = Path(run_dir) if Path(run_dir).is_dir() else checkpoint.parent
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"no tokenizer.json in '{folder}' (baa serve needs the run's tokenizer)")
+    if cfg.min_accuracy > 0:
+        from budgeted_attention.serving.engine import floor_budget, validation_accuracy  # noqa: PLC0415
+
+        floor_budget(cfg, validation_accuracy(folder, int(description.get("seed", seed or 0))))
     if cfg.backend == "onnxruntime":
         graphs = Path(onnx_dir) if onnx_dir else folder / "onnx"
         missing = [b for b in cfg.budgets if not graph_path(graphs, b).is_file()]

@@ -94,6 +94,25 @@ def validation_accuracy(run_dir: Path, seed: int) -> dict[float, float]:
     }
 
 
+def floor_budget(cfg: ServeConfig, val_accuracy: dict[float, float]) -> float:
+    """The SLO policy's floor: the smallest configured budget at or above ``min_budget``, raised to
+    the smallest budget whose validation accuracy meets ``min_accuracy`` when that is set.
+
+    Raises:
+        ConfigError: no configured budget meets ``min_accuracy``.
+    """
+    floor = min(b for b in cfg.budgets if b >= cfg.min_budget - 1e-9)  # the config checks one exists
+    if cfg.min_accuracy > 0:
+        meeting = [b for b in cfg.budgets if val_accuracy.get(b, -1.0) >= cfg.min_accuracy]
+        if not meeting:
+            raise ConfigError(
+                f"serve.min_accuracy ({cfg.min_accuracy}) is met by no budget in {cfg.budgets} "
+                f"(validation accuracy: {val_accuracy or 'not in results.json'})"
+            )
+        floor = max(floor, min(meeting))
+    return floor
+
+
 class Engine:
     """A run's budgeted-hard model, ready to classify texts at any configured budget."""
 
@@ -196,19 +215,8 @@ class Engine:
         return Prediction(probabilities, budget, time.perf_counter() - start, max(pad_to, max(len(x) for x in ids)))
 
     def min_allowed_budget(self) -> float:
-        """The SLO policy's floor: ``min_budget``, raised to the smallest budget whose validation
-        accuracy meets ``min_accuracy`` when that is set."""
-        # The smallest configured budget at or above min_budget (the config checks one exists).
-        floor = min(b for b in self.cfg.budgets if b >= self.cfg.min_budget - 1e-9)
-        if self.cfg.min_accuracy > 0:
-            meeting = [b for b in self.cfg.budgets if self.val_accuracy.get(b, -1.0) >= self.cfg.min_accuracy]
-            if not meeting:
-                raise ConfigError(
-                    f"serve.min_accuracy ({self.cfg.min_accuracy}) is met by no budget in {self.cfg.budgets} "
-                    f"(validation accuracy: {self.val_accuracy or 'not in results.json'})"
-                )
-            floor = max(floor, min(meeting))
-        return floor
+        """The SLO policy's floor (:func:`floor_budget`)."""
+        return floor_budget(self.cfg, self.val_accuracy)
 
     def describe(self) -> dict[str, Any]:
         """What /v1/info reports."""

@@ -3,8 +3,11 @@ corrected from live timings; the SLO policy reads it to pick a budget.
 
 A batch of ``n`` texts padded to ``T`` tokens is treated as ``n * T / T_cal`` calibration-length
 texts (compute grows about linearly in tokens at these lengths); the calibrated time of that
-"effective batch size" is interpolated linearly between the timed batch sizes and multiplied by a
-per-budget correction, the exponentially weighted mean of observed / predicted over live batches.
+"effective batch size" is interpolated linearly between the timed batch sizes and multiplied by
+one correction shared by every budget: the exponentially weighted mean of observed / predicted
+over live batches. Shared, because what drifts (a busier machine, other workers calibrating at
+the same time) slows every budget alike, and because a per-budget factor could never recover
+for a budget the policy stopped choosing after one pessimistic estimate.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ class LatencyModel:
         self.table = {float(b): dict(sorted(sizes.items())) for b, sizes in table.items()}
         self.seq_len = max(1, int(seq_len))
         self.smoothing = smoothing
-        self.correction = {b: 1.0 for b in self.table}
+        self.factor = 1.0  # observed / calibrated, shared by every budget
 
     @property
     def budgets(self) -> list[float]:
@@ -51,21 +54,21 @@ class LatencyModel:
     def predict_ms(self, budget: float, n_texts: int, n_tokens: int) -> float:
         """Predicted wall time (ms) of one batch of ``n_texts`` texts padded to ``n_tokens`` tokens."""
         effective = n_texts * max(n_tokens, 1) / self.seq_len
-        return self._base(budget, effective) * self.correction[budget]
+        return self._base(budget, effective) * self.factor
 
     def observe(self, budget: float, n_texts: int, n_tokens: int, milliseconds: float) -> None:
         """Fold one live batch timing into the budget's correction factor."""
-        predicted = self.predict_ms(budget, n_texts, n_tokens) / self.correction[budget]
+        predicted = self.predict_ms(budget, n_texts, n_tokens) / self.factor
         if predicted <= 0 or self.smoothing <= 0:
             return
         ratio = min(max(milliseconds / predicted, 0.2), 5.0)  # one stalled batch must not swing the model
-        self.correction[budget] = (1 - self.smoothing) * self.correction[budget] + self.smoothing * ratio
+        self.factor = (1 - self.smoothing) * self.factor + self.smoothing * ratio
 
     def as_dict(self) -> dict[str, object]:
         return {
             "seq_len": self.seq_len,
             "table_ms": {str(b): {str(n): round(ms, 3) for n, ms in sizes.items()} for b, sizes in self.table.items()},
-            "correction": {str(b): round(c, 3) for b, c in self.correction.items()},
+            "correction": round(self.factor, 3),
         }
 
 
@@ -104,7 +107,7 @@ def monotone(table: dict[float, dict[int, float]]) -> dict[float, dict[int, floa
 
 def pick_budget(
     model: LatencyModel,
-    batches: list[tuple[int, int, float]],
+    batches: list[tuple[int, int, float] | tuple[int, int, float, float | None]],
     now_ms: float,
     floor: float,
 ) -> float:
@@ -112,15 +115,18 @@ def pick_budget(
 
     Args:
         batches: the batch about to run first, then the backlog behind it, each as
-            (n_texts, n_tokens, deadline in ms on the same clock as ``now_ms``; ``inf`` for none).
+            (n_texts, n_tokens, deadline in ms on the same clock as ``now_ms``; ``inf`` for none)
+            and optionally a fixed budget (explicit-budget batches run at their own budget
+            whatever the policy picks; None or absent: the candidate budget).
             Counting the backlog is what makes the policy lower the budget under load: a budget
             that serves this batch in time but leaves the queue behind it late is not chosen.
         floor: the smallest budget allowed; returned when no budget meets every deadline.
     """
     for budget in sorted((b for b in model.budgets if b >= floor), reverse=True):
         clock = now_ms
-        for n_texts, n_tokens, deadline in batches:
-            clock += model.predict_ms(budget, n_texts, n_tokens)
+        for n_texts, n_tokens, deadline, *fixed in batches:
+            own = fixed[0] if fixed and fixed[0] is not None else budget
+            clock += model.predict_ms(own, n_texts, n_tokens)
             if clock > deadline:
                 break
         else:

@@ -11,7 +11,9 @@ One :class:`Runtime` per process, set once by :func:`setup` (the CLI calls it):
   budget RNG is seeded identically on every rank, so all ranks gate with the same budget each step;
   DDP averages the gradients, and each rank's loss is scaled by ``world * shard / batch`` so that
   the average is the single-process loss of the global batch (exact for per-example means and for
-  terms every rank computes identically, such as the cost penalty).
+  terms every rank computes identically, such as the cost penalty; for a language model's
+  token-weighted loss it weights shards by examples, not tokens, so it is close but not exact).
+  Dropout is seeded per unit, the same on every rank; the logged loss curve is rank 0's shard.
 * Rank 0 alone writes files: :func:`budgeted_attention.io.atomic_path` discards other ranks'
   writes (see :func:`budgeted_attention.io.set_writes_enabled`), so checkpoints, unit files,
   results and logs come from one process, and a resumed run reads what rank 0 wrote.
@@ -20,6 +22,7 @@ One :class:`Runtime` per process, set once by :func:`setup` (the CLI calls it):
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ from budgeted_attention.errors import ConfigError
 from budgeted_attention.io import set_writes_enabled
 
 DEVICES = ("auto", "cpu", "cuda")
+PROCESS_GROUP_TIMEOUT = datetime.timedelta(hours=3)
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,8 @@ def setup(device: str = "cpu", bf16: bool = False) -> Runtime:
     if world > 1 and not dist.is_initialized():
         if resolved.type == "cuda":
             torch.cuda.set_device(resolved)
-        dist.init_process_group(backend="nccl" if resolved.type == "cuda" else "gloo")
+        # Long timeout: the other ranks wait in a barrier while rank 0 alone runs a timing unit.
+        dist.init_process_group(backend="nccl" if resolved.type == "cuda" else "gloo", timeout=PROCESS_GROUP_TIMEOUT)
     _RUNTIME = Runtime(resolved, rank, world, bf16)
     set_writes_enabled(rank == 0)
     return _RUNTIME
@@ -109,11 +114,13 @@ def use(runtime: Runtime) -> None:
     set_writes_enabled(runtime.is_main)
 
 
-def teardown() -> None:
-    """Leave the process group (if any) and return to the single-process CPU runtime."""
+def teardown(wait: bool = True) -> None:
+    """Leave the process group (if any; after a barrier when ``wait``) and return to the
+    single-process CPU runtime."""
     global _RUNTIME
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        if wait:
+            dist.barrier()
         dist.destroy_process_group()
     _RUNTIME = Runtime()
     set_writes_enabled(True)
@@ -125,8 +132,20 @@ def running(device: str = "auto", bf16: bool = False) -> Iterator[Runtime]:
     runtime = setup(device, bf16)
     try:
         yield runtime
-    finally:
-        teardown()
+    except BaseException:
+        teardown(wait=False)  # a failed rank must not wait in a barrier the others never reach
+        raise
+    teardown()
+
+
+def agree(value: bool) -> bool:
+    """Rank 0's ``value`` on every rank (a decision such as "this unit is finished" must be the
+    same everywhere, or collectives pair up wrongly); ``value`` itself in one process."""
+    if not (_RUNTIME.distributed and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
 
 
 def barrier() -> None:
