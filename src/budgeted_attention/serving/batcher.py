@@ -234,21 +234,25 @@ class Batcher:
                 self.observer.shed("deadline_expired", len(expired))
             self._report_queue()
 
-    def _take_batch(self) -> list[Job]:
-        """The oldest job and the following jobs of the same key, up to ``max_batch_size`` texts
-        (a single job larger than that runs alone)."""
-        first = self.queue[0]
-        jobs, texts = [], 0
-        for job in list(self.queue):
-            if job.key != first.key:
+    def _next_batch(self, jobs: list[Job]) -> list[Job]:
+        """The batch the worker forms from ``jobs`` (in queue order): the first job and the following
+        jobs of the same key, up to ``max_batch_size`` texts (a single larger job runs alone)."""
+        batch, texts = [], 0
+        for job in jobs:
+            if job.key != jobs[0].key:
                 continue
-            if jobs and texts + job.n_texts > self.cfg.max_batch_size:
+            if batch and texts + job.n_texts > self.cfg.max_batch_size:
                 break
-            jobs.append(job)
+            batch.append(job)
             texts += job.n_texts
+        return batch
+
+    def _take_batch(self) -> list[Job]:
+        """Remove and return the next batch from the queue."""
+        jobs = self._next_batch(list(self.queue))
         for job in jobs:
             self.queue.remove(job)
-        self.queued_texts -= texts
+        self.queued_texts -= sum(j.n_texts for j in jobs)
         self._report_queue()
         return jobs
 
@@ -266,19 +270,11 @@ class Batcher:
         pending = list(self.queue)
         batches: list[tuple[int, int, float, float | None]] = []
         while pending:
-            key = pending[0].key
-            group, texts = [], 0
-            for job in pending:
-                if job.key != key:
-                    continue
-                if group and texts + job.n_texts > self.cfg.max_batch_size:
-                    break
-                group.append(job)
-                texts += job.n_texts
+            group = self._next_batch(pending)
             for job in group:
                 pending.remove(job)
-            fixed = None if key == SLO else float(key)
-            batches.append((texts, max(j.n_tokens for j in group), min(j.deadline_ms for j in group), fixed))
+            fixed = None if group[0].key == SLO else float(group[0].key)
+            batches.append((sum(j.n_texts for j in group), max(j.n_tokens for j in group), min(j.deadline_ms for j in group), fixed))
         return batches
 
     async def _run(self, jobs: list[Job], budget: float) -> None:
