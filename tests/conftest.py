@@ -48,6 +48,16 @@ def tiny_ids() -> torch.Tensor:
 # A tiny trained run directory (whole-model budget scope): the serving and export tests.
 FIXTURES = Path(__file__).parent / "fixtures"
 
+# The data and model sections of the tiny experiments (fixture AG News CSVs, a 2 x 2-head encoder).
+TINY_DATA_AND_MODEL = f"""data:
+  source: ag_news
+  train_file: {FIXTURES / "ag_news_train.csv"}
+  test_file: {FIXTURES / "ag_news_test.csv"}
+  max_len: 12
+  min_frequency: 1
+  val_fraction: 0.25
+model: {{d_model: 16, n_layers: 2, n_heads: 2, d_ff: 32, max_len: 16, dropout: 0.0}}"""
+
 TINY_RUN = f"""
 name: tiny-serve
 seeds: [0]
@@ -55,14 +65,7 @@ methods: [dense, budgeted, budgeted-hard]
 budgets: [0.25, 0.5, 1.0]
 budget_scope: all
 ffn_group_size: 8
-data:
-  source: ag_news
-  train_file: {FIXTURES / "ag_news_train.csv"}
-  test_file: {FIXTURES / "ag_news_test.csv"}
-  max_len: 12
-  min_frequency: 1
-  val_fraction: 0.25
-model: {{d_model: 16, n_layers: 2, n_heads: 2, d_ff: 32, max_len: 16, dropout: 0.0}}
+{TINY_DATA_AND_MODEL}
 train: {{dense_steps: 6, budgeted_steps: 6, hard_steps: 4, batch_size: 8}}
 bench: {{rounds: 1, min_run_time: 0.005, batch_sizes: [1]}}
 """
@@ -76,6 +79,12 @@ def make_tiny_run(folder: Path) -> Path:
         warnings.simplefilter("ignore")  # the fixture CSV's deliberately malformed rows
         Experiment(load_experiment_config(str(config)), out, progress=False, log=lambda *_: None).run()
     return out
+
+
+@pytest.fixture
+def tiny_data_and_model() -> str:
+    """YAML of the tiny experiments' data and model sections (to build other tiny configs)."""
+    return TINY_DATA_AND_MODEL
 
 
 @pytest.fixture(scope="session")

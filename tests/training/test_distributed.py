@@ -14,7 +14,6 @@ from budgeted_attention.training import distributed
 from budgeted_attention.training.distributed import Runtime, resolve_device, shard
 
 WORKER = Path(__file__).parent / "ddp_worker.py"
-FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
 def run_worker(args, tmp_path, nproc=1, expect_success=True):
@@ -84,21 +83,14 @@ def test_two_gloo_processes_train_the_same_weights_as_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_experiment_under_torchrun_matches_one_process_and_only_rank_0_writes(tmp_path):
+def test_experiment_under_torchrun_matches_one_process_and_only_rank_0_writes(tmp_path, tiny_data_and_model):
     config = tmp_path / "tiny.yaml"
     config.write_text(f"""
 name: tiny-ddp
 seeds: [0]
 methods: [dense, budgeted, budgeted-hard]
 budgets: [0.5, 1.0]
-data:
-  source: ag_news
-  train_file: {FIXTURES / "ag_news_train.csv"}
-  test_file: {FIXTURES / "ag_news_test.csv"}
-  max_len: 12
-  min_frequency: 1
-  val_fraction: 0.25
-model: {{d_model: 16, n_layers: 2, n_heads: 2, d_ff: 32, max_len: 16, dropout: 0.0}}
+{tiny_data_and_model}
 train: {{dense_steps: 6, budgeted_steps: 6, hard_steps: 4, batch_size: 8, device: cpu}}
 bench: {{rounds: 1, min_run_time: 0.005}}
 """)

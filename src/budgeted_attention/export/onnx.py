@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from budgeted_attention.benchmark.inputs import ordinary_low_id, random_ids
 from budgeted_attention.budget import validate_budget
 from budgeted_attention.errors import BAAError
 from budgeted_attention.io import atomic_path, write_json_atomic
@@ -54,10 +55,8 @@ class _Logits(nn.Module):
 
 def example_inputs(model: GatedModel, batch: int, seq: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Random token ids (batch, seq) and a mask whose last row is half padding."""
-    generator = torch.Generator().manual_seed(seed)
     vocab = model.input_embedding().num_embeddings
-    low = min(1000, vocab // 2) if model.family == "bert" else min(3, vocab - 1)
-    ids = torch.randint(low, vocab, (batch, seq), generator=generator)
+    ids = random_ids(vocab, batch, seq, seed=seed, low=ordinary_low_id(model.family, vocab))
     mask = torch.ones(batch, seq, dtype=torch.long)
     if batch > 1:
         mask[-1, seq // 2 :] = 0

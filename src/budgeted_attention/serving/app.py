@@ -101,14 +101,14 @@ class ServerState:
 
 def calibrate_engine(engine: Any, cfg: ServeConfig, seq_len: int) -> LatencyModel:
     """Time every configured budget at the calibration batch sizes with synthetic texts of ``seq_len`` tokens."""
-    import torch  # noqa: PLC0415
+    from budgeted_attention.benchmark.inputs import ordinary_low_id, random_ids  # noqa: PLC0415
 
-    generator = torch.Generator().manual_seed(0)
     vocab = engine.tokenizer.get_vocab_size()
-    low = min(1000, vocab // 2) if engine.family == "bert" else min(3, vocab - 1)
+    low = ordinary_low_id(engine.family, vocab)
+    calls = iter(range(1 << 30))  # a new seed per call: every timed batch holds other ids
 
     def run_batch(budget: float, size: int) -> float:
-        ids = torch.randint(low, vocab, (size, seq_len), generator=generator).tolist()
+        ids = random_ids(vocab, size, seq_len, seed=next(calls), low=low).tolist()
         start = time.perf_counter()
         engine.run(ids, budget)
         return time.perf_counter() - start

@@ -64,10 +64,9 @@ def run_labels(run_dir: Path, n_classes: int) -> list[str]:
         except (OSError, json.JSONDecodeError, KeyError, TypeError):
             pass
     try:
-        from budgeted_attention.config import load_yaml  # noqa: PLC0415
+        from budgeted_attention.config import from_dict, load_yaml  # noqa: PLC0415
         from budgeted_attention.data.sources import load_source  # noqa: PLC0415
         from budgeted_attention.data.text import TextDataConfig  # noqa: PLC0415
-        from budgeted_attention.config import from_dict  # noqa: PLC0415
 
         data = load_yaml(run_dir / "config.yaml").get("data", {})
         names = list(load_source(from_dict(TextDataConfig, data, "data")).class_names)
