@@ -341,20 +341,15 @@ class Experiment:
         """Run ``work()`` unless the unit is finished; returns its record (``rows`` and extras)."""
         path = self._unit_path(seed, unit)
         if distributed.agree(path.exists()):  # rank 0 decides, so every rank runs the same units
-            try:
-                record = json.loads(path.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise CheckpointError(f"finished-unit record '{path}' is not valid JSON ({exc}); delete it to rerun the unit") from exc
-            rows = record.get("rows", []) if isinstance(record, dict) else None
-            if not isinstance(rows, list) or not all(isinstance(r, dict) and "method" in r and "budget" in r for r in rows):
-                raise CheckpointError(f"finished-unit record '{path}' is malformed; delete it to rerun the unit")
-            return record
+            return self._read_unit(path)
         runtime = distributed.current()
         if runtime.distributed and unit.startswith("bench") and not runtime.is_main:
             # Timing-only units run on rank 0 alone (timing beside another rank's copy would be
-            # contended); the other ranks wait, then read the record rank 0 wrote.
+            # contended); the other ranks wait in the barrier rank 0 enters after writing the
+            # record, then read it. No second `agree` here: every rank makes exactly one per unit,
+            # or rank 0's decision for the next unit would pair with this one.
             distributed.barrier()
-            return self._unit(seed, unit, index, work)
+            return self._read_unit(path)
         seed_everything(1000 * seed + index)
         started = time.time()
         record = work()
@@ -362,6 +357,18 @@ class Experiment:
         record["seconds"] = time.time() - started
         write_json_atomic(path, record)  # rank 0 only (other ranks' writes are discarded)
         distributed.barrier()  # the next unit reads what rank 0 wrote (checkpoints, rankings)
+        return record
+
+    @staticmethod
+    def _read_unit(path: Path) -> dict[str, Any]:
+        """A finished unit's record, checked (a clear error names a corrupt or malformed file)."""
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"finished-unit record '{path}' is not valid JSON ({exc}); delete it to rerun the unit") from exc
+        rows = record.get("rows", []) if isinstance(record, dict) else None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and "method" in r and "budget" in r for r in rows):
+            raise CheckpointError(f"finished-unit record '{path}' is malformed; delete it to rerun the unit")
         return record
 
     def _load(self, seed: int, name: str) -> tuple[GatedModel, dict[str, Any]]:
