@@ -40,7 +40,7 @@ from budgeted_attention.data.sources import load_source
 from budgeted_attention.data.text import TextDataConfig, split_examples
 from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
 from budgeted_attention.reporting.serve_load import serve_load_markdown
-from budgeted_attention.serving.load import ARRIVALS, closed_loop_capacity, percentile, send_open_loop, summarise
+from budgeted_attention.serving.load import ARRIVALS, BURST_OFF_S, BURST_ON_S, closed_loop_capacity, percentile, send_open_loop, summarise
 
 MODES = {"fixed-1": {"budget": 1.0}, "fixed-0.5": {"budget": 0.5}, "slo": {}}
 
@@ -157,7 +157,8 @@ async def run(args) -> dict:
     server = subprocess.Popen(command)
     result: dict = {"setting": {"server_command": " ".join(["baa", *command[3:]]), "texts": len(examples), "trial_seconds": args.trial_seconds,
                                 "max_requests": args.max_requests, "slo_request_fraction": args.slo_fraction,
-                                "capacity_concurrency": args.capacity_concurrency, "seed": args.seed}, "trials": []}
+                                "capacity_concurrency": args.capacity_concurrency, "seed": args.seed,
+                                "bursty_on_off_s": [BURST_ON_S, BURST_OFF_S]}, "trials": []}
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024)) as client:
             while True:
@@ -177,6 +178,13 @@ async def run(args) -> dict:
             capacity = await closed_loop_capacity(client, url, warm, args.capacity_concurrency, args.capacity_seconds)
             result["capacity_rps"] = capacity
             print(f"dense capacity {capacity:.1f} requests/s", flush=True)
+            # Capacity at lower fixed budgets: a burst whose arrival rate exceeds the capacity at
+            # the policy's floor budget queues up whatever budgets the policy picks.
+            result["capacity_by_budget"] = {"1": capacity}
+            for budget in args.capacity_budgets:
+                body = lambda i, b=budget: ({"texts": [examples[i % len(examples)][0]], "budget": b}, 0)  # noqa: E731
+                result["capacity_by_budget"][f"{budget:g}"] = await closed_loop_capacity(client, url, body, args.capacity_concurrency, args.capacity_seconds)
+                print(f"capacity at b = {budget:g}: {result['capacity_by_budget'][f'{budget:g}']:.1f} requests/s", flush=True)
             records, _ = await trial(client, url, server.pid, examples, "fixed-1", "poisson", 0.5 * capacity, args.trial_seconds,
                                      args.max_requests, 1e9, 1.0, args.seed)
             deadline = percentile([r.latency_ms for r in records if r.status == 200], 95)
@@ -220,12 +228,14 @@ def main() -> None:
     parser.add_argument("--max-requests", type=int, default=3000)
     parser.add_argument("--capacity-seconds", type=float, default=10.0)
     parser.add_argument("--capacity-concurrency", type=int, default=32)
+    parser.add_argument("--capacity-budgets", default="0.5,0.25", help="also measure the closed-loop capacity at these fixed budgets")
     parser.add_argument("--slo-fraction", type=float, default=0.85, help="SLO-mode requests ask for this fraction of the deadline")
     parser.add_argument("--fuzz-examples", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="server setting, passed to baa serve --set")
     args = parser.parse_args()
     args.loads = [float(x) for x in args.loads.split(",")]
+    args.capacity_budgets = [float(x) for x in args.capacity_budgets.split(",") if x]
     args.arrivals = [a for a in args.arrivals.split(",") if a]
     args.modes = [m for m in args.modes.split(",") if m]
     for mode in args.modes:

@@ -2,7 +2,8 @@ import random
 
 import pytest
 
-from budgeted_attention.serving.load import Record, bursty_arrivals, percentile, poisson_arrivals, summarise
+from budgeted_attention.reporting.serve_load import serve_load_markdown
+from budgeted_attention.serving.load import Record, bursty_arrivals, peak_rate, percentile, poisson_arrivals, summarise
 
 
 def test_poisson_arrivals_have_the_requested_rate_and_stay_in_the_window():
@@ -15,6 +16,25 @@ def test_bursty_arrivals_keep_the_mean_rate_and_are_silent_between_bursts():
     times = bursty_arrivals(50.0, 20.0, random.Random(0), on_s=1.0, off_s=1.0)
     assert len(times) == pytest.approx(1000, rel=0.1)
     assert all(int(t) % 2 == 0 for t in times)  # every arrival falls in an "on" second
+
+
+def test_peak_rate_is_the_in_burst_rate_for_bursty_arrivals():
+    assert peak_rate("poisson", 40.0) == 40.0
+    assert peak_rate("bursty", 40.0, (1.0, 1.0)) == 80.0
+    assert peak_rate("bursty", 40.0, (1.0, 3.0)) == 160.0
+
+
+def test_report_compares_the_in_burst_rate_with_the_capacity_at_each_budget():
+    summary = {"requests": 1, "throughput_rps": 1.0, "p50_ms": 1.0, "p95_ms": 1.0, "p99_ms": 1.0, "slo_attainment": 1.0,
+               "effective_accuracy": 1.0, "accuracy_answered": 1.0, "shed": 0, "server_errors": 0, "no_response": 0, "mean_budget": 1.0}
+    result = {"setting": {"bursty_on_off_s": [1.0, 1.0]}, "capacity_rps": 100.0, "deadline_ms": 50.0,
+              "capacity_by_budget": {"1": 100.0, "0.25": 200.0},
+              "trials": [{"arrivals": a, "load": 1.5, "mode": m, "summary": summary} for a in ("poisson", "bursty") for m in ("slo", "fixed-1")]}
+    text = serve_load_markdown(result)
+    assert "| poisson | 1.5x | 150 | 1.50 | 0.75 |" in text
+    assert "| bursty | 1.5x | 300 | 3.00 | 1.50 |" in text  # 1 s bursts at twice the mean rate outrun b = 0.25
+    assert text.count("| bursty | 1.5x | 300 |") == 1  # one row per (arrivals, load), not per mode
+    assert "capacity_by_budget" not in serve_load_markdown({k: v for k, v in result.items() if k != "capacity_by_budget"})
 
 
 def test_percentile_interpolates():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from budgeted_attention.serving.load import peak_rate
+
 
 def _ms(value: float | None) -> str:
     return "" if value is None else f"{value:.1f}"
@@ -43,6 +45,7 @@ def serve_load_markdown(result: dict[str, Any]) -> str:
             f"{s['no_response']} | {_budget(s['mean_budget'])} | "
             f"{trial.get('peak_rss_mib', 0):.0f} |"
         )
+    lines += _feasibility(result)
     fuzz = result.get("fuzz")
     if fuzz:
         lines += ["", f"Schema fuzz: {fuzz['requests']} generated bodies against the live server's OpenAPI schema; "
@@ -50,3 +53,29 @@ def serve_load_markdown(result: dict[str, Any]) -> str:
     if result.get("shutdown"):
         lines += ["", f"Shutdown (SIGTERM): exit code {result['shutdown']['exit_code']} after {result['shutdown']['seconds']:.1f} s."]
     return "\n".join(lines) + "\n"
+
+
+def _feasibility(result: dict[str, Any]) -> list[str]:
+    """Arrival rate while requests arrive against the capacity at each measured fixed budget: a
+    rate above the capacity at the lowest budget the policy may use grows a queue, whatever it picks."""
+    by_budget = result.get("capacity_by_budget")
+    if not by_budget:
+        return []
+    budgets = sorted(by_budget, key=float, reverse=True)
+    on_off = tuple(result.get("setting", {}).get("bursty_on_off_s", (1.0, 1.0)))
+    lines = ["", "Capacity (closed loop, same clients) at fixed budgets: "
+             + ", ".join(f"b = {b}: {by_budget[b]:.1f} requests/s" for b in budgets) + ".", "",
+             "| arrivals | load | arrival rate while arriving /s | " + " | ".join(f"rate / capacity at b = {b}" for b in budgets) + " |",
+             "|---|---:|---:|" + "---:|" * len(budgets)]
+    seen = []
+    for trial in result.get("trials", []):
+        key = (trial["arrivals"], trial["load"])
+        if key in seen:
+            continue
+        seen.append(key)
+        rate = peak_rate(trial["arrivals"], trial["load"] * result["capacity_rps"], on_off)
+        lines.append(f"| {key[0]} | {key[1]:g}x | {rate:.0f} | " + " | ".join(f"{rate / by_budget[b]:.2f}" for b in budgets) + " |")
+    lines += ["", "A ratio above 1 at the lowest budget the SLO policy may use means requests arrive faster than the server "
+              "can answer them at any budget it may pick: the queue grows through each burst and the deadline is missed "
+              "for the rest of it, whatever the policy does."]
+    return lines

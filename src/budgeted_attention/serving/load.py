@@ -39,7 +39,10 @@ def poisson_arrivals(rate: float, seconds: float, rng: random.Random) -> list[fl
         times.append(clock)
 
 
-def bursty_arrivals(rate: float, seconds: float, rng: random.Random, on_s: float = 1.0, off_s: float = 1.0) -> list[float]:
+BURST_ON_S, BURST_OFF_S = 1.0, 1.0  # bursty arrivals: 1 s bursts at twice the mean rate, 1 s pauses
+
+
+def bursty_arrivals(rate: float, seconds: float, rng: random.Random, on_s: float = BURST_ON_S, off_s: float = BURST_OFF_S) -> list[float]:
     """On/off arrivals with mean ``rate``: Poisson at ``rate * (on_s + off_s) / on_s`` during each
     ``on_s`` burst, nothing during the ``off_s`` pause after it."""
     burst_rate = rate * (on_s + off_s) / on_s
@@ -48,6 +51,12 @@ def bursty_arrivals(rate: float, seconds: float, rng: random.Random, on_s: float
         cycle = math.floor(start / on_s)
         times.append(cycle * period + (start - cycle * on_s))
     return [t for t in times if t < seconds]
+
+
+def peak_rate(arrivals: str, rate: float, on_off_s: tuple[float, float] = (BURST_ON_S, BURST_OFF_S)) -> float:
+    """Arrival rate (requests/s) while requests arrive: ``rate`` for Poisson, the in-burst rate for bursty."""
+    on_s, off_s = on_off_s
+    return rate * (on_s + off_s) / on_s if arrivals == "bursty" else rate
 
 
 ARRIVALS: dict[str, Callable[[float, float, random.Random], list[float]]] = {"poisson": poisson_arrivals, "bursty": bursty_arrivals}
