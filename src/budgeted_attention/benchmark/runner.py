@@ -220,6 +220,11 @@ def _compiler(cfg: BenchConfig) -> Callable[[torch.nn.Module], Callable[..., Any
     """``torch.compile`` when asked for (memoised per module: each shape compiles once), else identity."""
     if not cfg.compile:
         return lambda module: module
+    # Every pruned model shares one forward function, and each (model, input shape) is its own
+    # graph; past dynamo's default limit of 8 per function the rest would silently run eager.
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 256)
     cache: dict[int, Callable[..., Any]] = {}
 
     def compiled(module: torch.nn.Module) -> Callable[..., Any]:
