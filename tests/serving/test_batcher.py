@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from budgeted_attention.serving.batcher import Batcher, DeadlineExpired, Overloaded
+from budgeted_attention.serving.batcher import Batcher, DeadlineExpired, Job, Overloaded
 from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.latency import LatencyModel
 
@@ -191,3 +191,28 @@ def test_a_bookkeeping_error_fails_the_batch_not_the_worker():
         return result
 
     assert run(main()).probabilities[0, 0] == 5.0
+
+
+def test_the_forecast_is_the_arrival_rate_of_the_last_window():
+    async def main():
+        batcher = make(FakeRunner(), arrival_window_ms=100.0, max_batch_size=8)
+        loop = asyncio.get_running_loop()
+        jobs = []
+        for arrival, texts in [(0.0, 3), (950.0, 2), (990.0, 5)]:  # only the last two fall in the window at 1000 ms
+            batcher._recent.append((arrival, texts))
+            jobs.append(Job([[1, 2, 3]] * texts, "slo", arrival + 40.0, arrival, loop.create_future()))
+        forecast = batcher._forecast(jobs[1:], clock=1000.0)
+        off = make(FakeRunner(), arrival_window_ms=0.0)._forecast(jobs, clock=1000.0)
+        return forecast, off
+
+    forecast, off = run(main())
+    assert forecast.rate_per_ms == pytest.approx(7 / 100.0)
+    assert forecast.latency_ms == pytest.approx(40.0) and forecast.n_tokens == 3 and forecast.max_batch == 8
+    assert off is None
+
+
+def test_arrival_window_must_not_be_negative():
+    from budgeted_attention.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="serve.arrival_window_ms"):
+        ServeConfig(arrival_window_ms=-1.0)

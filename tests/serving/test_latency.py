@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from budgeted_attention.serving.latency import LatencyModel, calibrate, monotone, pick_budget
+from budgeted_attention.serving.latency import Arrivals, LatencyModel, calibrate, monotone, pick_budget
 
 TABLE = {0.5: {1: 2.0, 8: 8.0}, 1.0: {1: 4.0, 8: 16.0}}
 
@@ -65,6 +65,20 @@ def test_pick_budget_takes_the_largest_budget_that_keeps_the_backlog_on_time():
     assert pick_budget(model, [(1, 10, 1.0)], 0.0, 0.5) == 0.5  # nothing fits: the floor
     assert pick_budget(model, [(1, 10, 1.0)], 0.0, 1.0) == 1.0  # never below the floor
     assert pick_budget(model, [(1, 10, math.inf)], 0.0, 0.5) == 1.0
+
+
+def test_a_budget_that_would_strand_the_next_arrivals_is_refused():
+    model = LatencyModel(TABLE, seq_len=10)
+    batch = [(8, 10, 100.0)]  # on time at b = 1 (16 ms)
+    assert pick_budget(model, batch, 0.0, 0.5) == 1.0
+    # 1 text/ms arrives meanwhile: 16 texts queued behind a 16 ms batch; the oldest 8 (arrived at
+    # 0 ms, due at 20 ms) would finish at 16 + 8 = 24 ms even at the floor, so b = 1 is refused.
+    burst = Arrivals(rate_per_ms=1.0, n_tokens=10, latency_ms=20.0, max_batch=8)
+    assert pick_budget(model, batch, 0.0, 0.5, burst) == 0.5
+    # A trickle (about 1 text in 16 ms) is still served on time at the floor after b = 1: 16 + 2 <= 20.
+    trickle = Arrivals(rate_per_ms=0.05, n_tokens=10, latency_ms=20.0, max_batch=8)
+    assert pick_budget(model, batch, 0.0, 0.5, trickle) == 1.0
+    assert pick_budget(model, batch, 0.0, 0.5, Arrivals(0.0, 10, 20.0, 8)) == 1.0
 
 
 def test_calibrate_times_every_budget_and_batch_size():

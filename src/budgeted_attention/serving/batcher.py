@@ -8,7 +8,8 @@ batch in one worker thread (the event loop keeps accepting and shedding meanwhil
 * requests with a deadline (``latency_ms``, or the server's target under the ``slo`` policy)
   batch together, and the batch runs at the largest budget whose predicted completion meets the
   earliest deadline in it *and* leaves the backlog behind it on time (:func:`pick_budget`), never
-  below the floor.
+  below the floor; with ``arrival_window_ms`` > 0 it must also leave the requests expected to
+  arrive meanwhile (the arrival rate of the last window) servable on time at the floor.
 
 Every budget runs on the same weights (the engine's sliced model), so batching by budget copies
 nothing. A full queue refuses new work (:class:`Overloaded`, HTTP 503 with ``Retry-After``); a
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from budgeted_attention.serving.config import ServeConfig
-from budgeted_attention.serving.latency import LatencyModel, pick_budget
+from budgeted_attention.serving.latency import Arrivals, LatencyModel, pick_budget
 
 SLO = "slo"  # the batching key of requests whose budget the policy picks
 log = logging.getLogger("budgeted_attention.serve")
@@ -115,6 +116,7 @@ class Batcher:
         self.queue: deque[Job] = deque()
         self.queued_texts = 0
         self.budget_in_use: float | None = None
+        self._recent: deque[tuple[float, int]] = deque()  # (arrival ms, texts) within arrival_window_ms
         self._wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task | None = None
@@ -167,6 +169,7 @@ class Batcher:
         else:
             key, deadline = self.cfg.snap_budget(self.cfg.default_budget), math.inf
         job = Job(ids, key, deadline, arrival, asyncio.get_running_loop().create_future())
+        self._recent.append((arrival, job.n_texts))
         self.queue.append(job)
         self.queued_texts += job.n_texts
         self._report_queue()
@@ -261,7 +264,24 @@ class Batcher:
         if key != SLO:
             return float(key)
         current = (sum(j.n_texts for j in jobs), max(j.n_tokens for j in jobs), min(j.deadline_ms for j in jobs))
-        return pick_budget(self.latency, [current, *self._backlog()], now_ms(), self.floor)
+        clock = now_ms()
+        return pick_budget(self.latency, [current, *self._backlog()], clock, self.floor, self._forecast(jobs, clock))
+
+    def _forecast(self, jobs: list[Job], clock: float) -> Arrivals | None:
+        """Arrivals expected next: the texts/ms of the last ``arrival_window_ms``, asking for the
+        latency this batch asks for (None when the window is 0, i.e. the check is off)."""
+        window = self.cfg.arrival_window_ms
+        if window <= 0:
+            return None
+        while self._recent and self._recent[0][0] < clock - window:
+            self._recent.popleft()
+        latencies = [j.deadline_ms - j.arrival_ms for j in jobs if math.isfinite(j.deadline_ms)]
+        return Arrivals(
+            rate_per_ms=sum(n for _, n in self._recent) / window,
+            n_tokens=max(j.n_tokens for j in jobs),
+            latency_ms=min(latencies) if latencies else self.cfg.target_p95_ms,
+            max_batch=self.cfg.max_batch_size,
+        )
 
     def _backlog(self) -> list[tuple[int, int, float, float | None]]:
         """The queued jobs as the worker would batch them, in order (oldest job's kind first, up to

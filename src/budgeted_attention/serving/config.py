@@ -33,6 +33,9 @@ class ServeConfig:
             (the run's results, never test) is at least this fraction.
         max_batch_size: texts per model call.
         max_wait_ms: how long the first request of a batch waits for others.
+        arrival_window_ms: the SLO policy's arrival-rate window: a budget is refused when the
+            requests expected to arrive while its batch runs (at the rate of the last window)
+            could no longer be served on time even at the floor; 0 turns the check off.
         max_texts: texts per request.
         max_text_chars: characters per text (longer texts are refused, not truncated silently;
             the tokenizer still truncates to the model's max_len tokens).
@@ -54,6 +57,7 @@ class ServeConfig:
     min_accuracy: float = 0.0
     max_batch_size: int = 16
     max_wait_ms: float = 5.0
+    arrival_window_ms: float = 250.0
     max_texts: int = 64
     max_text_chars: int = 2000
     max_queue: int = 256
@@ -78,6 +82,7 @@ class ServeConfig:
             raise ConfigError(f"serve.min_budget ({self.min_budget}) is above every budget in serve.budgets {self.budgets}")
         check_int(self.max_batch_size, "serve.max_batch_size", ge=1)
         self.max_wait_ms = check_float(self.max_wait_ms, "serve.max_wait_ms", ge=0.0)
+        self.arrival_window_ms = check_float(self.arrival_window_ms, "serve.arrival_window_ms", ge=0.0)
         check_int(self.max_texts, "serve.max_texts", ge=1)
         check_int(self.max_text_chars, "serve.max_text_chars", ge=1)
         check_int(self.max_queue, "serve.max_queue", ge=1)

@@ -13,8 +13,10 @@ for a budget the policy stopped choosing after one pessimistic estimate.
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 
 
 class LatencyModel:
@@ -105,11 +107,45 @@ def monotone(table: dict[float, dict[int, float]]) -> dict[float, dict[int, floa
     }
 
 
+@dataclass(frozen=True)
+class Arrivals:
+    """Requests expected to arrive while the queued batches run (the arrival-aware check of
+    :func:`pick_budget`).
+
+    Attributes:
+        rate_per_ms: recent arrival rate, texts per millisecond.
+        n_tokens: tokens per text to assume for them.
+        latency_ms: the latency they will ask for (their deadline after arrival).
+        max_batch: texts per batch they will be served in.
+    """
+
+    rate_per_ms: float
+    n_tokens: int
+    latency_ms: float
+    max_batch: int
+
+
+def _arrivals_rescuable(model: LatencyModel, arrivals: Arrivals, start_ms: float, busy_until_ms: float, floor: float) -> bool:
+    """Whether the texts arriving from ``start_ms`` while the server is busy until ``busy_until_ms``
+    can still be served on time at the floor budget, oldest first, in batches of ``max_batch``."""
+    expected = arrivals.rate_per_ms * (busy_until_ms - start_ms)
+    clock, served = busy_until_ms, 0.0
+    while expected - served >= 0.5:
+        size = min(arrivals.max_batch, math.ceil(expected - served))
+        clock += model.predict_ms(floor, size, arrivals.n_tokens)
+        first_arrival = start_ms + served / arrivals.rate_per_ms  # the oldest text of this batch
+        if clock > first_arrival + arrivals.latency_ms:
+            return False
+        served += size
+    return True
+
+
 def pick_budget(
     model: LatencyModel,
     batches: list[tuple[int, int, float] | tuple[int, int, float, float | None]],
     now_ms: float,
     floor: float,
+    arrivals: Arrivals | None = None,
 ) -> float:
     """The largest budget (not below ``floor``) at which every batch finishes before its deadline.
 
@@ -121,6 +157,10 @@ def pick_budget(
             Counting the backlog is what makes the policy lower the budget under load: a budget
             that serves this batch in time but leaves the queue behind it late is not chosen.
         floor: the smallest budget allowed; returned when no budget meets every deadline.
+        arrivals: when given, a budget is also refused if the requests expected to arrive while
+            the queued work runs at it could no longer be served on time even at ``floor``: the
+            queue alone reacts a batch too late when a burst starts (a large budget chosen on an
+            empty queue leaves the burst's first requests waiting behind it).
     """
     for budget in sorted((b for b in model.budgets if b >= floor), reverse=True):
         clock = now_ms
@@ -130,5 +170,8 @@ def pick_budget(
             if clock > deadline:
                 break
         else:
-            return budget
+            if budget == floor or arrivals is None or arrivals.rate_per_ms <= 0:
+                return budget
+            if _arrivals_rescuable(model, arrivals, now_ms, clock, floor):
+                return budget
     return floor
