@@ -15,7 +15,7 @@ import warnings
 from typing import NoReturn
 
 from budgeted_attention import __version__
-from budgeted_attention.errors import BAAError, CheckpointError
+from budgeted_attention.errors import BAAError
 
 
 class _Parser(argparse.ArgumentParser):

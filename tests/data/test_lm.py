@@ -2,7 +2,6 @@
 token blocks, sealed test split."""
 
 import pytest
-import torch
 
 from budgeted_attention.data.dataset import TestSplitSealedError
 from budgeted_attention.data.lm import EOD, LMDataConfig, make_lm_splits, split_documents, train_lm_tokenizer

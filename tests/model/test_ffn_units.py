@@ -3,14 +3,14 @@ for our encoder and the transformers BERT family."""
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from budgeted_attention.checkpoint import load_model, save_model
 from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.model.transformer import EncoderClassifier
 from budgeted_attention.pruning.selection import KeptUnits, UnitRanking, rank_units
-from budgeted_attention.pruning.surgery import keep_units, prune_to_budget, sort_heads
+from budgeted_attention.pruning.surgery import keep_units, prune_to_budget
 from budgeted_attention.pruning.switching import SlicedModel
 from conftest import tiny_config
 

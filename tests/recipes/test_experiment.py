@@ -6,8 +6,8 @@ import pytest
 from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.recipes import experiment as experiment_module
 from budgeted_attention.recipes.experiment import Experiment, load_experiment_config
+from conftest import TINY_DATA_AND_MODEL
 
-FIXTURES = Path(__file__).parent.parent / "fixtures"
 LATENCY_FIELDS = {"latency_ms", "dense_latency_ms", "speedup", "bench_batch_size", "bench_seq_len", "threads", "bench_input"}
 
 CONFIG = f"""
@@ -15,14 +15,7 @@ name: tiny
 seeds: [0, 1]
 budgets: [0.5, 1.0]
 static_budgets: [0.5]
-data:
-  source: ag_news
-  train_file: {FIXTURES / "ag_news_train.csv"}
-  test_file: {FIXTURES / "ag_news_test.csv"}
-  max_len: 12
-  min_frequency: 1
-  val_fraction: 0.25
-model: {{d_model: 16, n_layers: 2, n_heads: 2, d_ff: 32, max_len: 16, dropout: 0.0}}
+{TINY_DATA_AND_MODEL}
 train: {{dense_steps: 6, budgeted_steps: 6, hard_steps: 4, recovery_steps: 2, batch_size: 8}}
 bench: {{rounds: 1, min_run_time: 0.005}}
 """

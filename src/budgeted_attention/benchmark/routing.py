@@ -106,8 +106,8 @@ def _fractions(layers: list[torch.nn.Module]) -> dict[str, float]:
 def routing_bench_markdown(result: dict[str, Any]) -> str:
     """The long-sequence table: time, measured FLOPs and loss of hard routing vs full attention."""
     lines = [
-        f"| seq | blocks | full attn. ms | hard-routed ms | speedup | measured attn. FLOPs % | tokens full / linear / window % | "
-        f"loss full | loss hard | loss soft | hard − full (nats) | hard − soft (nats) |",
+        "| seq | blocks | full attn. ms | hard-routed ms | speedup | measured attn. FLOPs % | tokens full / linear / window % | "
+        "loss full | loss hard | loss soft | hard − full (nats) | hard − soft (nats) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:

@@ -64,6 +64,8 @@ class Split:
 class TestSplitSealedError(RuntimeError):
     """The test split was read outside a final evaluation (a choice would have seen test data)."""
 
+    __test__ = False  # a library error, not a pytest test class
+
 
 class SealedSplit:
     """The test split behind a guard: every read outside :meth:`final_evaluation` raises.
