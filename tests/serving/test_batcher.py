@@ -216,3 +216,13 @@ def test_arrival_window_must_not_be_negative():
 
     with pytest.raises(ConfigError, match="serve.arrival_window_ms"):
         ServeConfig(arrival_window_ms=-1.0)
+
+
+def test_the_arrival_record_stays_bounded_without_policy_batches():
+    batcher = make(FakeRunner(), arrival_window_ms=100.0)
+    for arrival in range(0, 10_000, 10):  # fixed-budget traffic only: _forecast never runs
+        batcher._note_arrival(float(arrival), 1)
+    assert len(batcher._recent) <= 11
+    off = make(FakeRunner(), arrival_window_ms=0.0)
+    off._note_arrival(0.0, 1)
+    assert len(off._recent) == 0

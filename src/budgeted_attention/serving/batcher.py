@@ -169,7 +169,7 @@ class Batcher:
         else:
             key, deadline = self.cfg.snap_budget(self.cfg.default_budget), math.inf
         job = Job(ids, key, deadline, arrival, asyncio.get_running_loop().create_future())
-        self._recent.append((arrival, job.n_texts))
+        self._note_arrival(arrival, job.n_texts)
         self.queue.append(job)
         self.queued_texts += job.n_texts
         self._report_queue()
@@ -267,14 +267,25 @@ class Batcher:
         clock = now_ms()
         return pick_budget(self.latency, [current, *self._backlog()], clock, self.floor, self._forecast(jobs, clock))
 
+    def _note_arrival(self, arrival_ms: float, n_texts: int) -> None:
+        """Record an admission for the arrival rate; entries older than the window are dropped
+        here too, so the record stays bounded when no policy batch ever reads it."""
+        if self.cfg.arrival_window_ms <= 0:
+            return
+        self._recent.append((arrival_ms, n_texts))
+        self._forget_before(arrival_ms - self.cfg.arrival_window_ms)
+
+    def _forget_before(self, start_ms: float) -> None:
+        while self._recent and self._recent[0][0] < start_ms:
+            self._recent.popleft()
+
     def _forecast(self, jobs: list[Job], clock: float) -> Arrivals | None:
         """Arrivals expected next: the texts/ms of the last ``arrival_window_ms``, asking for the
         latency this batch asks for (None when the window is 0, i.e. the check is off)."""
         window = self.cfg.arrival_window_ms
         if window <= 0:
             return None
-        while self._recent and self._recent[0][0] < clock - window:
-            self._recent.popleft()
+        self._forget_before(clock - window)
         latencies = [j.deadline_ms - j.arrival_ms for j in jobs if math.isfinite(j.deadline_ms)]
         return Arrivals(
             rate_per_ms=sum(n for _, n in self._recent) / window,
