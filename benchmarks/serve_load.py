@@ -228,14 +228,15 @@ def main() -> None:
     parser.add_argument("--max-requests", type=int, default=3000)
     parser.add_argument("--capacity-seconds", type=float, default=10.0)
     parser.add_argument("--capacity-concurrency", type=int, default=32)
-    parser.add_argument("--capacity-budgets", default="0.5,0.25", help="also measure the closed-loop capacity at these fixed budgets")
+    parser.add_argument("--capacity-budgets", default="0.5,0.25",
+                        help="also measure the closed-loop capacity at these fixed budgets (ones the server serves: it rounds others down)")
     parser.add_argument("--slo-fraction", type=float, default=0.85, help="SLO-mode requests ask for this fraction of the deadline")
     parser.add_argument("--fuzz-examples", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="server setting, passed to baa serve --set")
     args = parser.parse_args()
     args.loads = [float(x) for x in args.loads.split(",")]
-    args.capacity_budgets = [float(x) for x in args.capacity_budgets.split(",") if x]
+    args.capacity_budgets = [float(x) for x in args.capacity_budgets.split(",") if x and float(x) != 1.0]  # b = 1 is the dense capacity
     args.arrivals = [a for a in args.arrivals.split(",") if a]
     args.modes = [m for m in args.modes.split(",") if m]
     for mode in args.modes:

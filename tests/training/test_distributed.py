@@ -84,10 +84,12 @@ def test_two_gloo_processes_train_the_same_weights_as_one(tmp_path):
 
 @pytest.mark.slow
 def test_experiment_under_torchrun_matches_one_process_and_only_rank_0_writes(tmp_path, tiny_data_and_model):
+    # Two seeds, so units follow a rank-0-only bench unit: every rank must make the same
+    # collectives per unit there, or the job hangs (it did once).
     config = tmp_path / "tiny.yaml"
     config.write_text(f"""
 name: tiny-ddp
-seeds: [0]
+seeds: [0, 1]
 methods: [dense, budgeted, budgeted-hard]
 budgets: [0.5, 1.0]
 {tiny_data_and_model}

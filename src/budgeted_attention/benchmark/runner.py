@@ -222,9 +222,11 @@ def _compiler(cfg: BenchConfig) -> Callable[[torch.nn.Module], Callable[..., Any
         return lambda module: module
     # Every pruned model shares one forward function, and each (model, input shape) is its own
     # graph; past dynamo's default limit of 8 per function the rest would silently run eager.
+    # (``cache_size_limit`` is the name on every torch version we support; newer ones alias it.)
     import torch._dynamo.config as dynamo_config
 
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 256)
+    dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 256)
+    dynamo_config.accumulated_cache_size_limit = max(dynamo_config.accumulated_cache_size_limit, 4096)
     cache: dict[int, Callable[..., Any]] = {}
 
     def compiled(module: torch.nn.Module) -> Callable[..., Any]:

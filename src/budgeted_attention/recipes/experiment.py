@@ -697,8 +697,9 @@ class Experiment:
             self.log(f"resuming: {done} of {len(units)} units already finished in {self.out}")
         self.partial = None
         if finished_only:
-            missing = [f"seed{seed}/{name}" for seed, name, _ in units if not self._unit_path(seed, name).exists()]
-            units = [u for u in units if self._unit_path(u[0], u[1]).exists()]
+            finished = [distributed.agree(self._unit_path(seed, name).exists()) for seed, name, _ in units]  # rank 0 decides
+            missing = [f"seed{seed}/{name}" for (seed, name, _), ok in zip(units, finished, strict=True) if not ok]
+            units = [u for u, ok in zip(units, finished, strict=True) if ok]
             if missing:
                 self.partial = f"PARTIAL RUN: {len(units)} of {len(units) + len(missing)} units finished; missing: {', '.join(missing)}."
         rows: list[dict[str, Any]] = []

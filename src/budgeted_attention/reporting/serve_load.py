@@ -74,7 +74,8 @@ def _feasibility(result: dict[str, Any]) -> list[str]:
             continue
         seen.append(key)
         rate = peak_rate(trial["arrivals"], trial["load"] * result["capacity_rps"], on_off)
-        lines.append(f"| {key[0]} | {key[1]:g}x | {rate:.0f} | " + " | ".join(f"{rate / by_budget[b]:.2f}" for b in budgets) + " |")
+        ratios = [f"{rate / by_budget[b]:.2f}" if by_budget[b] > 0 else "no answers" for b in budgets]
+        lines.append(f"| {key[0]} | {key[1]:g}x | {rate:.0f} | " + " | ".join(ratios) + " |")
     lines += ["", "A ratio above 1 at the lowest budget the SLO policy may use means requests arrive faster than the server "
               "can answer them at any budget it may pick: the queue grows through each burst and the deadline is missed "
               "for the rest of it, whatever the policy does."]

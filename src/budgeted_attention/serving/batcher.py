@@ -169,7 +169,8 @@ class Batcher:
         else:
             key, deadline = self.cfg.snap_budget(self.cfg.default_budget), math.inf
         job = Job(ids, key, deadline, arrival, asyncio.get_running_loop().create_future())
-        self._note_arrival(arrival, job.n_texts)
+        if key == SLO:  # the look-ahead protects policy requests; fixed budgets have their own
+            self._note_arrival(arrival, job.n_texts)
         self.queue.append(job)
         self.queued_texts += job.n_texts
         self._report_queue()

@@ -231,7 +231,7 @@ def run_steps(
                 best_score, best_state, stale, log.steps = score, copy.deepcopy(model.state_dict()), 0, done
             else:
                 stale += 1
-                if patience and stale >= patience:
+                if distributed.agree(bool(patience and stale >= patience)):  # every rank stops together
                     break
     bar.close()
     log.losses, log.steps_run = losses, len(losses)
