@@ -40,7 +40,16 @@ from budgeted_attention.data.sources import load_source
 from budgeted_attention.data.text import TextDataConfig, split_examples
 from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
 from budgeted_attention.reporting.serve_load import serve_load_markdown
-from budgeted_attention.serving.load import ARRIVALS, BURST_OFF_S, BURST_ON_S, closed_loop_capacity, percentile, send_open_loop, summarise
+from budgeted_attention.serving.load import (
+    ARRIVALS,
+    BURST_OFF_S,
+    BURST_ON_S,
+    closed_loop_capacity,
+    percentile,
+    records_as_dicts,
+    send_open_loop,
+    summarise,
+)
 
 MODES = {"fixed-1": {"budget": 1.0}, "fixed-0.5": {"budget": 0.5}, "slo": {}}
 
@@ -197,7 +206,10 @@ async def run(args) -> dict:
                         records, peak = await trial(client, url, server.pid, examples, mode, arrivals, load * capacity, args.trial_seconds,
                                                     args.max_requests, deadline, args.slo_fraction, args.seed + int(load * 100))
                         summary = summarise(records, deadline, args.trial_seconds)
-                        result["trials"].append({"arrivals": arrivals, "load": load, "mode": mode, "summary": summary, "peak_rss_mib": peak})
+                        entry = {"arrivals": arrivals, "load": load, "mode": mode, "summary": summary, "peak_rss_mib": peak}
+                        if args.keep_records:
+                            entry["records"] = records_as_dicts(records)
+                        result["trials"].append(entry)
                         print(f"{arrivals} {load:g}x {mode}: attainment {summary['slo_attainment']:.3f}, effective acc. "
                               f"{summary['effective_accuracy']:.3f}, p95 {summary['p95_ms']}, shed {summary['shed']}, "
                               f"5xx {summary['server_errors']}, mean budget {summary['mean_budget']}", flush=True)
@@ -233,6 +245,7 @@ def main() -> None:
     parser.add_argument("--slo-fraction", type=float, default=0.85, help="SLO-mode requests ask for this fraction of the deadline")
     parser.add_argument("--fuzz-examples", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep-records", action="store_true", help="store every request (send time, latency, status, budget, queue ms) in serve_load.json")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="server setting, passed to baa serve --set")
     args = parser.parse_args()
     args.loads = [float(x) for x in args.loads.split(",")]
