@@ -78,6 +78,7 @@ def test_demo_quick_end_to_end_then_bench(tmp_path, capsys):
         assert {"budget", "batch_size", "seq_len", "threads", "dense_latency_ms", "latency_ms", "speedup", "ideal_speedup"} <= set(row)
         assert row["threads"] == 1 and row["latency_ms"] > 0
     assert result["switch"]["switch_ms"] > 0
+    assert result["setting"]["compile"] is False and "torch.compile" not in result["setting"]["timer"]  # eager, and said so
     assert bench_json.with_suffix(".png").is_file()
 
 

@@ -183,7 +183,9 @@ def bench_models(
             "threads": cfg.threads,
             "rounds": cfg.rounds,
             "min_run_time_s": cfg.min_run_time,
-            "timer": "torch.utils.benchmark blocked_autorange, interleaved, median of round medians",
+            "timer": "torch.utils.benchmark blocked_autorange, interleaved, median of round medians"
+            + (", torch.compile of the references and pruned models (the gated model and the sliced layout run eager)" if cfg.compile else ""),
+            "compile": cfg.compile,
             "dense_reference": f"{type(plain).__name__}: same weights and kernels, no gate code",
             "library_references": sorted(references),
             "length_batches": LENGTH_BATCHES if lengths else 0,
