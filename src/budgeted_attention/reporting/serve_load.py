@@ -67,15 +67,10 @@ def _feasibility(result: dict[str, Any]) -> list[str]:
              + ", ".join(f"b = {b}: {by_budget[b]:.1f} requests/s" for b in budgets) + ".", "",
              "| arrivals | load | arrival rate while arriving /s | " + " | ".join(f"rate / capacity at b = {b}" for b in budgets) + " |",
              "|---|---:|---:|" + "---:|" * len(budgets)]
-    seen = []
-    for trial in result.get("trials", []):
-        key = (trial["arrivals"], trial["load"])
-        if key in seen:
-            continue
-        seen.append(key)
-        rate = peak_rate(trial["arrivals"], trial["load"] * result["capacity_rps"], on_off)
+    for arrivals, load in dict.fromkeys((t["arrivals"], t["load"]) for t in result.get("trials", [])):  # one row per pair, in order
+        rate = peak_rate(arrivals, load * result["capacity_rps"], on_off)
         ratios = [f"{rate / by_budget[b]:.2f}" if by_budget[b] > 0 else "no answers" for b in budgets]
-        lines.append(f"| {key[0]} | {key[1]:g}x | {rate:.0f} | " + " | ".join(ratios) + " |")
+        lines.append(f"| {arrivals} | {load:g}x | {rate:.0f} | " + " | ".join(ratios) + " |")
     lines += ["", "A ratio above 1 at the lowest budget the SLO policy may use means requests arrive faster than the server "
               "can answer them at any budget it may pick: the queue grows through each burst and the deadline is missed "
               "for the rest of it, whatever the policy does."]
