@@ -87,6 +87,18 @@ class Task:
         return distill_kl(student, teacher, temperature, weights=mask)
 
     @torch.no_grad()
+    def difficulty(self, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-input difficulty, (batch,) nats: the entropy of the predicted distribution
+        (classification), or its mean over real tokens (language model). A per-input router
+        gives hard inputs more heads by it."""
+        log_p = F.log_softmax(logits.float(), dim=-1)
+        entropy = -(log_p.exp() * log_p).sum(-1)  # (batch,) or (batch, seq)
+        if self.kind == "classify":
+            return entropy
+        weights = mask.to(entropy.dtype)
+        return (entropy * weights).sum(-1) / weights.sum(-1).clamp_min(1.0)
+
+    @torch.no_grad()
     def evaluate(self, model: nn.Module, split: Split, batch_size: int = 512, **gating: Any) -> dict[str, float]:
         """Metrics of ``model`` on ``split`` under ``gating`` (``budget=`` / ``gates=`` / nothing).
 

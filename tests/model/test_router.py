@@ -18,10 +18,10 @@ from budgeted_attention.model.transformer import EncoderClassifier
 from conftest import tiny_config
 
 
-def _routed(mode: str = "capped", seed: int = 0) -> EncoderClassifier:
+def _routed(mode: str = "capped", seed: int = 0, allocation: str = "difficulty") -> EncoderClassifier:
     torch.manual_seed(seed)
     model = EncoderClassifier(tiny_config())
-    router = model.attach_router(RouterConfig(mode=mode))
+    router = model.attach_router(RouterConfig(mode=mode, allocation=allocation))
     with torch.no_grad():  # distinct scores and fractions per input
         router.scorer.weight.normal_(std=2.0)
         router.controller[2].weight.normal_(std=2.0)
@@ -104,7 +104,7 @@ def test_learned_router_refuses_a_budget_and_capped_needs_a_valid_one():
 
 
 def test_training_mode_queues_the_regulariser_and_the_schedule_switches_to_exploitation():
-    model = _routed("capped").train()
+    model = _routed("capped", allocation="gradient").train()
     ids, mask = _inputs()
     router = model.router
     router.set_phase(0, 10)
@@ -122,6 +122,47 @@ def test_training_mode_queues_the_regulariser_and_the_schedule_switches_to_explo
     weights = torch.arange(hard.shape[-1], dtype=torch.float32)  # a loss that prefers some heads
     (hard * weights).sum().backward()  # straight-through: the hard forward still carries a gradient
     assert float(router.scorer.weight.grad.norm()) > 0 and float(router.controller[2].weight.grad.norm()) > 0
+
+
+def test_difficulty_allocation_regresses_the_controller_onto_difficulty_not_the_task_loss():
+    model = _routed("capped").train()
+    ids, mask = _inputs()
+    router = model.router
+    router.set_phase(6, 10)  # exploitation: straight-through hard gates
+    hard = router.decide(pooled_embeddings(model.token_embedding, ids, mask), 0.5)
+    (hard * torch.arange(hard.shape[-1], dtype=torch.float32)).sum().backward()
+    assert router.controller[2].weight.grad is None  # the count does not learn from the task loss
+    assert float(router.scorer.weight.grad.norm()) > 0  # which heads still does
+    router.zero_grad()
+    router.take_loss()
+    difficulty = torch.tensor([0.1, 0.2, 0.4, 0.8, 1.6, 3.2])
+    router.decide(pooled_embeddings(model.token_embedding, ids, mask), 0.5)
+    router.fit_difficulty(difficulty)
+    loss = router.take_loss()
+    loss.backward()
+    assert float(router.controller[2].weight.grad.norm()) > 0
+    with pytest.raises(ValueError, match="one difficulty per input"):
+        router.fit_difficulty(difficulty[:3])
+
+
+def test_a_controller_fitted_to_difficulty_gives_harder_inputs_more_heads():
+    torch.manual_seed(0)
+    router = HeadRouter(4, 2, 8, RouterConfig(mode="capped", spread=2.0)).train()
+    pooled = torch.randn(64, 4)
+    difficulty = pooled[:, 0].exp()  # harder along the first feature
+    optimiser = torch.optim.Adam(router.controller.parameters(), lr=0.02)
+    for _ in range(300):
+        router.decide(pooled, 0.5)
+        router.fit_difficulty(difficulty)
+        optimiser.zero_grad()
+        router.take_loss().backward()
+        optimiser.step()
+    router.eval()
+    heads = router.head_counts(pooled, 0.5).float()
+    easy, hard = difficulty < difficulty.median(), difficulty >= difficulty.median()
+    assert float(heads[hard].mean()) > float(heads[easy].mean()) + 1.0
+    with pytest.raises(ValueError, match="allocation 'difficulty'"):
+        HeadRouter(4, 2, 8, RouterConfig(mode="learned")).fit_difficulty(difficulty)
 
 
 def test_router_survives_save_and_load_with_its_calibration(tmp_path):
@@ -161,6 +202,8 @@ def test_router_is_refused_where_it_cannot_work():
         ({"fraction_min": 0.8, "fraction_max": 0.2}, "fraction_min"),
         ({"temperature_end": 0}, "router.temperature_end"),
         ({"colour": 1}, "unknown router key"),
+        ({"allocation": "random"}, "router.allocation"),
+        ({"spread": -1}, "router.spread"),
     ],
 )
 def test_router_config_names_the_bad_value(data, match):

@@ -40,6 +40,16 @@ def test_routing_stage_is_deterministic_and_trains_the_router():
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
 
 
+def test_capped_routing_learns_per_input_counts_from_the_teacher():
+    splits, dense, model = _setup("capped")
+    train_routed(model, splits.train, TRAIN, seed=0, steps=100, teacher=dense, progress=False)
+    calibrate_router(model, splits.val, [0.5])
+    pooled = _pooled(model, splits.val, 64)
+    counts = model.router.head_counts(pooled, 0.5)
+    assert len(counts.unique()) > 1  # not every input at the same count
+    assert realised_cost(model, pooled, 0.5) <= 0.5
+
+
 def test_routing_stage_refuses_a_model_without_router():
     splits, dense, _ = _setup("learned")
     with pytest.raises(ValueError, match="head router"):

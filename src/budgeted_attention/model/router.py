@@ -19,11 +19,19 @@ Two modes (``router.mode``):
 * ``learned`` (BudgetFormer): s = s_min + (s_max - s_min) * sigmoid(MLP(x)), clamped to
   [0.1, 0.9] by default; the hinge max(0, mean(s) - target) bounds the learned mean budget.
   There is no budget knob: the model chooses.
-* ``capped`` (ours): the caller's budget b enters as s = sigmoid(MLP(x) + logit(b) + delta(b));
-  budgets are sampled per step as in BAA and the hinge max(0, mean_batch(s) - b) keeps the
-  batch's mean fraction under b while hard inputs may take more heads than easy ones. The
-  offset delta(b) is calibrated on validation data (:meth:`HeadRouter.calibrate`) so that the
-  realised mean cost, with k rounded up, is at most b.
+* ``capped`` (ours): the caller's budget b enters as s = sigmoid(z(x) + logit(b) + delta(b));
+  budgets are sampled per step as in BAA. The offset delta(b) is calibrated on validation data
+  (:func:`~budgeted_attention.training.routed.calibrate_router`) so that the realised mean cost,
+  with k rounded up, is at most b. How z(x) spreads the heads over inputs
+  (``router.allocation``):
+
+  - ``difficulty`` (default): z is a regression onto the input's difficulty, the entropy of the
+    frozen dense teacher's prediction (standardised in the batch, times ``spread``), so inputs the
+    dense model is unsure of get more heads and confident ones fewer. The difficulty signal is
+    exogenous: it does not depend on the heads the router gave, so there is no feedback loop.
+  - ``gradient``: z learns from the task loss through the soft top-k, with the hinge
+    max(0, mean_batch(s) - b). In practice the hinge dominates the weak per-input gradient and
+    every input ends at the same head count (kept for comparison).
 
 At evaluation the router returns boolean (batch, n_layers, n_heads) masks; the families execute
 only the selected heads (grouping the inputs of a batch by their head set per layer), so the
@@ -45,6 +53,7 @@ from budgeted_attention.config import check_float, check_int
 from budgeted_attention.errors import ConfigError
 
 ROUTER_MODES = ("learned", "capped")
+ALLOCATIONS = ("difficulty", "gradient")
 
 
 @dataclass
@@ -70,6 +79,11 @@ class RouterConfig:
             capped mode's fraction is bounded by the caller's budget.
         lr: the router's learning rate (0: the stage's rate). A fresh router on a pretrained
             model fine-tuned at 5e-5 needs a larger one.
+        allocation: how the capped mode spreads heads over inputs: ``difficulty`` (regression
+            onto the dense teacher's predictive entropy) or ``gradient`` (task loss and hinge).
+        spread: ``difficulty`` allocation: the controller's target is ``spread`` logits per
+            standard deviation of (log) difficulty; 0 gives every input the same count.
+        difficulty_weight: weight of the difficulty regression loss.
     """
 
     mode: str = "learned"
@@ -85,6 +99,9 @@ class RouterConfig:
     hinge_weight: float = 1.0
     target: float = 0.5
     lr: float = 0.0
+    allocation: str = "difficulty"
+    spread: float = 1.0
+    difficulty_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mode not in ROUTER_MODES:
@@ -104,6 +121,10 @@ class RouterConfig:
         self.hinge_weight = check_float(self.hinge_weight, "router.hinge_weight", ge=0.0)
         self.target = check_float(self.target, "router.target", gt=0.0, le=1.0)
         self.lr = check_float(self.lr, "router.lr", ge=0.0)
+        if self.allocation not in ALLOCATIONS:
+            raise ConfigError(f"router.allocation must be one of {', '.join(ALLOCATIONS)}, got {self.allocation!r}")
+        self.spread = check_float(self.spread, "router.spread", ge=0.0)
+        self.difficulty_weight = check_float(self.difficulty_weight, "router.difficulty_weight", ge=0.0)
         if not self.fraction_min <= self.target <= self.fraction_max:
             raise ConfigError(
                 f"router.target ({self.target}) must lie in [router.fraction_min, router.fraction_max] = "
@@ -156,7 +177,8 @@ class HeadRouter(nn.Module):
         nn.init.zeros_(self.scorer.weight)  # equal scores at the start: exploration decides
         nn.init.zeros_(self.scorer.bias)
         with torch.no_grad():  # start near the middle of the fraction range (learned) / at b (capped)
-            self.controller[2].weight.mul_(0.1)
+            if not self.by_difficulty:  # a regression target is not a start to keep
+                self.controller[2].weight.mul_(0.1)
             self.controller[2].bias.fill_(0.0)
         self.temperature = cfg.temperature_start
         self.noise = 0.0
@@ -166,6 +188,13 @@ class HeadRouter(nn.Module):
         self._pending: list[torch.Tensor] = []
         self.last_fraction: torch.Tensor | None = None  # (batch,) s of the last decision
         self.last_heads: torch.Tensor | None = None  # (batch,) heads run per layer (k)
+        self._last_raw: torch.Tensor | None = None  # (batch,) controller output z of the last training decision
+
+    @property
+    def by_difficulty(self) -> bool:
+        """True when the controller is a difficulty regression (capped mode, ``difficulty``
+        allocation): training must feed :meth:`fit_difficulty` every step."""
+        return self.cfg.mode == "capped" and self.cfg.allocation == "difficulty"
 
     # ------------------------------------------------------------------ decisions
 
@@ -184,7 +213,12 @@ class HeadRouter(nn.Module):
 
     def fraction(self, pooled: torch.Tensor, budget: float | None, offset: float | None = None) -> torch.Tensor:
         """Head fraction s per input, shape (batch,), from pooled features (batch, d_model)."""
+        if self.by_difficulty:  # mean-pooled embeddings are tiny (init std 0.02): a regression
+            # from them at the stage's learning rate would take thousands of steps to spread
+            pooled = F.layer_norm(pooled, pooled.shape[-1:])
         raw = self.controller(pooled).squeeze(-1)
+        if self.training:
+            self._last_raw = raw
         if self.cfg.mode == "learned":
             if budget is not None and validate_budget(budget) != 1.0:
                 raise ValueError(
@@ -223,6 +257,8 @@ class HeadRouter(nn.Module):
         s = self.fraction(pooled, budget, offset)
         k = self.heads_for(s)
         self.last_fraction, self.last_heads = s.detach(), k
+        if self.by_difficulty:  # the count follows the difficulty regression alone, not the task loss
+            s = s.detach()
         scores = self.scorer(pooled).view(-1, self.n_layers, self.n_heads)
         if not self.training:
             return self._top_k(scores, k)
@@ -264,9 +300,35 @@ class HeadRouter(nn.Module):
     def _queue_loss(self, probs: torch.Tensor, s: torch.Tensor, budget: float | None) -> None:
         cfg = self.cfg
         entropy = -(probs * probs.clamp_min(1e-9).log()).sum(-1).mean() / math.log(max(self.n_heads, 2))
+        if self.by_difficulty:  # the mean is set by calibration; the hinge would only flatten z
+            self._pending.append(cfg.entropy_weight * entropy)
+            return
         target = cfg.target if cfg.mode == "learned" else validate_budget(budget if budget is not None else 1.0)
         hinge = F.relu(s.mean() - target)
         self._pending.append(cfg.entropy_weight * entropy + cfg.hinge_weight * hinge)
+
+    def fit_difficulty(self, difficulty: torch.Tensor) -> None:
+        """Queue the controller's regression onto ``difficulty`` ((batch,) > 0, higher = harder,
+        e.g. the teacher's predictive entropy in nats) for the last training decision.
+
+        Target: ``spread`` x the batch z-score of log(difficulty), clipped to +-3 standard
+        deviations, so z is centred (the budget's mean is set by logit(b) and calibration) and
+        its spread is fixed in logits. A batch of one input carries no ranking: skipped.
+        """
+        if not self.by_difficulty:
+            raise ValueError("fit_difficulty is for a capped router with router.allocation 'difficulty'")
+        raw = self._last_raw
+        if raw is None or raw.shape != difficulty.shape:
+            raise ValueError(
+                f"fit_difficulty needs one difficulty per input of the last training decision "
+                f"({None if raw is None else tuple(raw.shape)}), got {tuple(difficulty.shape)}"
+            )
+        if difficulty.numel() < 2:
+            return
+        log_d = difficulty.detach().to(raw.dtype).clamp_min(1e-6).log()
+        z = (log_d - log_d.mean()) / log_d.std().clamp_min(1e-6)
+        target = self.cfg.spread * z.clamp(-3.0, 3.0)
+        self._pending.append(self.cfg.difficulty_weight * F.mse_loss(raw, target))
 
     def take_loss(self) -> torch.Tensor | None:
         """The regularisers queued by training forward passes since the last call, summed; then cleared."""

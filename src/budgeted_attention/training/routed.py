@@ -45,7 +45,9 @@ def train_routed(
 ) -> StageLog:
     """The routing stage on ``model`` (which has a router attached): ``steps`` AdamW steps at ``cfg.lr``.
 
-    ``teacher``: the frozen dense model to distil from with ``cfg.distill_weight`` (None: no distillation).
+    ``teacher``: the frozen dense model to distil from with ``cfg.distill_weight`` (None: no
+    distillation); a capped router with ``difficulty`` allocation also learns its per-input
+    difficulty from the teacher's predictions.
     """
     router = model.router
     if router is None:
@@ -65,10 +67,16 @@ def train_routed(
         budget = sample_budget(stage_cfg, rng) if capped else None
         logits = m(ids, mask, budget=budget)
         loss = task.loss(logits, ids, mask, labels)
-        if teacher is not None and cfg.distill_weight > 0:
+        teacher_logits = None
+        if teacher is not None and (cfg.distill_weight > 0 or router.by_difficulty):
             with torch.no_grad():
                 teacher_logits = teacher(ids, mask)
+        if teacher_logits is not None and cfg.distill_weight > 0:
             loss = loss + cfg.distill_weight * task.distill(logits, teacher_logits, mask, cfg.distill_temperature)
+        if router.by_difficulty:
+            # The dense teacher's uncertainty: exogenous, so the heads an input got cannot feed back.
+            # Without a teacher, the model's own (routed) prediction stands in.
+            router.fit_difficulty(task.difficulty(logits.detach() if teacher_logits is None else teacher_logits, mask))
         info = {"s": float(router.last_fraction.mean())}
         if budget is not None:
             info["b"] = budget
