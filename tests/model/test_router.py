@@ -235,3 +235,23 @@ def test_routing_refuses_a_sliced_or_pruned_model():
 def test_router_config_refuses_silent_no_ops(data, match):
     with pytest.raises(ConfigError, match=match):
         RouterConfig.from_dict(data)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**16), st.sampled_from(["learned", "capped"]), st.booleans())
+def test_one_input_decision_equals_the_batched_decision(seed, mode, ties):
+    torch.manual_seed(seed)
+    router = HeadRouter(8, 3, 6, RouterConfig(mode=mode)).eval()
+    with torch.no_grad():
+        router.controller[2].weight.normal_(std=3.0)
+        router.scorer.weight.normal_(std=2.0)
+        if ties:  # rounded scores: many equal within a layer
+            router.scorer.weight.mul_(0.0).add_(torch.randint(-1, 2, router.scorer.weight.shape).float())
+    pooled = torch.randn(4, 8)
+    budget = None if mode == "learned" else 0.5
+    with torch.no_grad():
+        batch = router.decide(pooled, budget)
+        batch_heads = router.last_heads
+        for i in range(4):
+            assert torch.equal(router.decide(pooled[i : i + 1], budget)[0], batch[i])
+            assert int(router.last_heads[0]) == int(batch_heads[i])

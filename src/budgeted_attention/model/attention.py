@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from budgeted_attention.model.gathered import GatherCache
+
 
 class GatedSelfAttention(nn.Module):
     """Self-attention through ``F.scaled_dot_product_attention`` with optional per-head gates.
@@ -50,6 +52,7 @@ class GatedSelfAttention(nn.Module):
         self.out_bias = nn.Parameter(torch.zeros(d_model))
         # Heads used in forward: a prefix of the stored heads (instant budget switching).
         self.active_heads = n_heads
+        self._gathered = GatherCache()  # per-input head sets' weights, inference only
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -137,11 +140,7 @@ class GatedSelfAttention(nn.Module):
             return self.out_bias.expand(x.shape[0], x.shape[1], self.d_model)
         if n == self.n_heads:
             return self._attend(x, attn_mask, n, self.qkv_weight, self.qkv_bias, self.out_weight_t)
-        hd = self.head_dim
-        qkv_weight = self.qkv_weight.view(self.n_heads, 3 * hd, self.d_model).index_select(0, heads).view(n * 3 * hd, self.d_model)
-        qkv_bias = self.qkv_bias.view(self.n_heads, 3 * hd).index_select(0, heads).view(-1)
-        out_weight_t = self.out_weight_t.view(self.n_heads, hd, self.d_model).index_select(0, heads).view(n * hd, self.d_model)
-        return self._attend(x, attn_mask, n, qkv_weight, qkv_bias, out_weight_t)
+        return self._attend(x, attn_mask, n, *self._gather(heads))
 
     def _forward_selected(self, x: torch.Tensor, attn_mask: torch.Tensor | None, selected: torch.Tensor) -> torch.Tensor:
         """Per-input head sets: ``selected`` (batch, active_heads) boolean. Inputs sharing a head
@@ -161,8 +160,27 @@ class GatedSelfAttention(nn.Module):
         return out
 
     def _forward_pattern(self, x: torch.Tensor, attn_mask: torch.Tensor | None, pattern: torch.Tensor) -> torch.Tensor:
-        """Attention of the heads selected by ``pattern`` ((active_heads,) bool) only."""
-        return self._forward_heads(x, attn_mask, pattern.nonzero().flatten())
+        """Attention of the heads selected by ``pattern`` ((active_heads,) bool) only. Without
+        autograd, the gathered weights of a head set come from a cache."""
+        if torch.is_grad_enabled():
+            return self._forward_heads(x, attn_mask, pattern.nonzero().flatten())
+        heads = tuple(i for i, on in enumerate(pattern.tolist()) if on)
+        n = len(heads)
+        if n == 0 or n == self.n_heads:
+            return self._forward_heads(x, attn_mask, torch.tensor(heads, dtype=torch.long, device=x.device))
+        weights = self._gathered.get(
+            heads, (self.qkv_weight, self.qkv_bias, self.out_weight_t),
+            lambda: self._gather(torch.tensor(heads, dtype=torch.long, device=x.device)),
+        )
+        return self._attend(x, attn_mask, n, *weights)
+
+    def _gather(self, heads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(qkv_weight, qkv_bias, out_weight_t) rows of the physical heads ``heads`` (1-D long), copied."""
+        n, hd = int(heads.numel()), self.head_dim
+        qkv_weight = self.qkv_weight.view(self.n_heads, 3 * hd, self.d_model).index_select(0, heads).view(n * 3 * hd, self.d_model)
+        qkv_bias = self.qkv_bias.view(self.n_heads, 3 * hd).index_select(0, heads).view(-1)
+        out_weight_t = self.out_weight_t.view(self.n_heads, hd, self.d_model).index_select(0, heads).view(n * hd, self.d_model)
+        return qkv_weight, qkv_bias, out_weight_t
 
     @torch.no_grad()
     def keep_heads(self, heads: list[int]) -> None:

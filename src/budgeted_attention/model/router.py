@@ -216,7 +216,8 @@ class HeadRouter(nn.Module):
         if self.by_difficulty:  # mean-pooled embeddings are tiny (init std 0.02): a regression
             # from them at the stage's learning rate would take thousands of steps to spread
             pooled = F.layer_norm(pooled, pooled.shape[-1:])
-        raw = self.controller(pooled).squeeze(-1)
+        first, _, last = self.controller  # functional calls: the module calls' overhead is most of a batch-1 decision
+        raw = F.linear(F.gelu(F.linear(pooled, first.weight, first.bias)), last.weight, last.bias).squeeze(-1)
         if self.training:
             self._last_raw = raw
         if self.cfg.mode == "learned":
@@ -254,6 +255,8 @@ class HeadRouter(nn.Module):
         and the regulariser is queued for :meth:`take_loss`. Evaluation: a boolean mask of the
         top-k heads of every layer.
         """
+        if not self.training and pooled.shape[0] == 1:
+            return self._decide_one(pooled, budget, offset)
         s = self.fraction(pooled, budget, offset)
         k = self.heads_for(s)
         self.last_fraction, self.last_heads = s.detach(), k
@@ -273,6 +276,26 @@ class HeadRouter(nn.Module):
         if not self.exploit:
             return soft
         return _StraightThrough.apply(self._top_k(noisy, k).to(soft.dtype), soft)
+
+    def _decide_one(self, pooled: torch.Tensor, budget: float | None, offset: float | None) -> torch.Tensor:
+        """:meth:`decide` for one input in evaluation, (1, n_layers, n_heads) bool: the same
+        decision (fraction, k = ceil(s * H), top-k with ties to the lower index), with the
+        arithmetic on the n_layers * n_heads + 1 numbers done in Python. At batch 1 each tensor op
+        costs microseconds of dispatch, and the router's dozen small ops were a tenth of a small
+        model's forward pass."""
+        s_tensor = self.fraction(pooled, budget, offset)
+        scores = self.scorer(pooled)
+        s, *flat = torch.cat([s_tensor.view(1), scores.view(-1)]).tolist()
+        if not math.isfinite(s):
+            raise ValueError("the head router produced a non-finite head fraction (diverged training?)")
+        k = min(max(math.ceil(s * self.n_heads - 1e-6), 1), self.n_heads)
+        mask = [[False] * self.n_heads for _ in range(self.n_layers)]
+        for layer, row in enumerate(mask):
+            layer_scores = flat[layer * self.n_heads : (layer + 1) * self.n_heads]
+            for head in sorted(range(self.n_heads), key=lambda h: -layer_scores[h])[:k]:  # stable: ties to the lower index
+                row[head] = True
+        self.last_fraction, self.last_heads = s_tensor.detach(), torch.tensor([k])
+        return torch.tensor([mask], dtype=torch.bool, device=pooled.device)
 
     def _soft_top_k(self, scores: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         """Differentiable top-k gates, (batch, n_layers, n_heads) in (0, 1).
