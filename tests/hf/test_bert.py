@@ -152,5 +152,18 @@ def test_per_input_routing_computes_selected_heads_only_and_equals_the_masked_fo
         assert torch.allclose(hard, model(ids, mask, gates=selection.float()), atol=1e-5)
         for i in range(ids.shape[0]):  # one input: gathered weights, compact output projection
             assert torch.allclose(model(ids[i : i + 1], mask[i : i + 1], budget=0.5), hard[i : i + 1], atol=1e-5)
-    assert all(a.head_index is None and a.head_gates is None for a in model.attentions)
-    assert all(d.input_index is None for d in model.output_denses)
+    assert all(a.head_index is None and a.head_gates is None and a.gathered is None for a in model.attentions)
+    assert all(d.input_index is None and d.input_weight is None for d in model.output_denses)
+    hits = sum(a.gather_cache.hits for a in model.attentions)
+    with torch.no_grad():
+        model(ids[:1], mask[:1], budget=0.5)  # the same input again: every layer's set is cached
+    assert sum(a.gather_cache.hits for a in model.attentions) == hits + len(model.attentions)
+    with torch.no_grad():  # a weight change after caching: the cache must not serve stale weights
+        model.attentions[0].value.weight.mul_(0.5)
+        model.output_denses[1].weight.mul_(0.5)
+        hard = model(ids, mask, gates=selection.float())
+        for i in range(ids.shape[0]):
+            assert torch.allclose(model(ids[i : i + 1], mask[i : i + 1], budget=0.5), hard[i : i + 1], atol=1e-5)
+    model.train()
+    model(ids[:1], mask[:1], budget=0.5).sum().backward()  # training gathers with autograd
+    assert model.attentions[0].query.weight.grad is not None

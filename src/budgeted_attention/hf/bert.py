@@ -36,6 +36,7 @@ from budgeted_attention.hf.architectures import (
     unmodified_reference,
 )
 from budgeted_attention.model.family import GatedModel
+from budgeted_attention.model.gathered import GatherCache
 from budgeted_attention.model.gates import UnitGates
 
 
@@ -57,19 +58,24 @@ class PrefixInputLinear(nn.Linear):
     """
 
     active_in: int | None = None
-    # Input columns of a per-input router's single head set (gathered), set per forward pass.
+    # Input columns of a per-input router's single head set (gathered), set per forward pass;
+    # or, without autograd, the gathered weight itself (from the attention's cache).
     input_index: torch.Tensor | None = None
+    input_weight: torch.Tensor | None = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PrefixInputLinear:
         linear.__class__ = cls  # keep the parameters (and their state-dict names) as they are
         linear.active_in = None
         linear.input_index = None
+        linear.input_weight = None
         return linear  # type: ignore[return-value]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight.shape[1] == 0 or self.active_in == 0:  # a layer without heads: only the bias (no zero-width matmul)
             return self.bias.expand(*x.shape[:-1], self.out_features)
+        if self.input_weight is not None:
+            return F.linear(x, self.input_weight, self.bias)
         if self.input_index is not None:
             return F.linear(x, self.weight.index_select(1, self.input_index), self.bias)
         if self.active_in is None or self.active_in == self.in_features:
@@ -96,6 +102,32 @@ class GatedBertSelfAttention(nn.Module):
         self.head_gates: torch.Tensor | None = None
         # A single selected head set (1-D long positions) for the whole batch: gathered weights.
         self.head_index: torch.Tensor | None = None
+        # Without autograd: that set's (q, k, v weights and biases), from the cache.
+        self.gathered: tuple[torch.Tensor, ...] | None = None
+        self.gather_cache = GatherCache()
+
+    def select_heads(self, heads: tuple[int, ...], output_dense: PrefixInputLinear) -> None:
+        """Run only the physical heads ``heads`` in the next forward pass, here and in
+        ``output_dense``. Without autograd the gathered weights come from a cache per head set
+        (the gather is a copy per call, a large part of a small model's batch-1 forward)."""
+        index = torch.tensor(heads, dtype=torch.long, device=self.query.weight.device)
+        self.head_index = index
+        if torch.is_grad_enabled():
+            output_dense.input_index = self._rows(index)
+            return
+        sources = (self.query.weight, self.query.bias, self.key.weight, self.key.bias, self.value.weight, self.value.bias, output_dense.weight)
+
+        def gather() -> tuple[torch.Tensor, ...]:
+            rows = self._rows(index)
+            projections = [t.index_select(0, rows) for t in sources[:6]]
+            return (*projections, output_dense.weight.index_select(1, rows))
+
+        *projections, output_dense.input_weight = self.gather_cache.get(heads, sources, gather)
+        self.gathered = tuple(projections)
+
+    def clear_selection(self, output_dense: PrefixInputLinear) -> None:
+        self.head_gates = self.head_index = self.gathered = None
+        output_dense.input_index = output_dense.input_weight = None
 
     def _project(self, linear: nn.Linear, x: torch.Tensor, width: int, rows: torch.Tensor | None = None) -> torch.Tensor:
         if rows is not None:
@@ -126,10 +158,13 @@ class GatedBertSelfAttention(nn.Module):
         n, hd = (self.active_heads if heads is None else int(heads.numel())), self.head_dim
         if n == 0:
             return hidden_states.new_zeros(batch, seq, 0)
-        rows = None if heads is None else self._rows(heads)
-        q = self._project(self.query, hidden_states, n * hd, rows).view(batch, seq, n, hd).transpose(1, 2)
-        k = self._project(self.key, hidden_states, n * hd, rows).view(batch, seq, n, hd).transpose(1, 2)
-        v = self._project(self.value, hidden_states, n * hd, rows).view(batch, seq, n, hd).transpose(1, 2)
+        if heads is not None and self.gathered is not None:
+            qw, qb, kw, kb, vw, vb = self.gathered
+            q, k, v = (F.linear(hidden_states, w, b) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
+        else:
+            rows = None if heads is None else self._rows(heads)
+            q, k, v = (self._project(linear, hidden_states, n * hd, rows) for linear in (self.query, self.key, self.value))
+        q, k, v = (t.view(batch, seq, n, hd).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attention_mask, dropout_p=self.dropout_p if self.training else 0.0, scale=self.scaling
         )  # (B, n, T, hd)
@@ -274,8 +309,7 @@ class GatedBertClassifier(GatedModel):
             if layer_gates is not None and layer_gates.dtype == torch.bool:
                 patterns = layer_gates if layer_gates.shape[0] == 1 else torch.unique(layer_gates, dim=0)
                 if patterns.shape[0] == 1:  # one head set for the whole batch: gather, compute it only
-                    attention.head_index = patterns[0].nonzero().flatten()
-                    dense.input_index = attention._rows(attention.head_index)
+                    attention.select_heads(tuple(h for h, on in enumerate(patterns[0].tolist()) if on), dense)
                     continue
             attention.head_gates = layer_gates
         for layer, module in enumerate(self.intermediates):
@@ -284,7 +318,7 @@ class GatedBertClassifier(GatedModel):
             return self.hf(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
         finally:
             for attention, dense in zip(self.attentions, self.output_denses):
-                attention.head_gates = attention.head_index = dense.input_index = None
+                attention.clear_selection(dense)
             for module in self.intermediates:
                 module.group_gates = None
 

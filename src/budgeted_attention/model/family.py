@@ -264,7 +264,9 @@ class GatedModel(nn.Module):
             raise ValueError(f"the {self.family} family has no per-input head routing (encoder and bert families have)")
         if self.is_pruned:
             raise ValueError("attach a head router to the unpruned model: per-input routing needs every head")
-        self.router = HeadRouter(self.input_embedding().embedding_dim, self.n_layers, self.n_heads, cfg)
+        router = HeadRouter(self.input_embedding().embedding_dim, self.n_layers, self.n_heads, cfg)
+        device = self.input_embedding().weight.device
+        self.router = router.to(device).train(self.training)  # a router attached to an eval model decides hard
         return self.router
 
     def routed_gates(
