@@ -118,7 +118,7 @@ def load_model(path: str | Path) -> tuple[GatedModel, dict[str, Any]]:
         model = cls.from_description(description["architecture"])
         if "router" in description:  # a per-input head router (BudgetFormer / capped)
             router = model.attach_router(RouterConfig.from_dict(description["router"]["config"]))
-            router.load_calibration(description["router"].get("calibration", {}))
+            router.load_calibration(description["router"].get("calibration", {}), description["router"].get("spread_scale", {}))
     except (BAAError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"bad architecture in '{meta_path}': {str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
     try:

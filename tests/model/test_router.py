@@ -168,11 +168,13 @@ def test_a_controller_fitted_to_difficulty_gives_harder_inputs_more_heads():
 def test_router_survives_save_and_load_with_its_calibration(tmp_path):
     model = _routed("capped")
     model.router.calibration = {0.25: -1.5, 0.5: 0.25}
+    model.router.spread_scale = {0.25: 0.0, 0.5: 0.5}
     ids, mask = _inputs()
     path = save_model(model, tmp_path / "routed")
     loaded, description = load_model(path)
     assert description["router"]["config"]["mode"] == "capped"
     assert loaded.router.calibration == {0.25: -1.5, 0.5: 0.25}
+    assert loaded.router.spread_scale == {0.25: 0.0, 0.5: 0.5}
     with torch.no_grad():
         assert torch.equal(loaded(ids, mask, budget=0.5), model(ids, mask, budget=0.5))
 

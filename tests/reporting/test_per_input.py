@@ -1,6 +1,6 @@
 """Per-input routing tables aggregate seeds and label the learned budget."""
 
-from budgeted_attention.reporting.per_input import difficulty_table, routed_markdown, speed_table
+from budgeted_attention.reporting.per_input import difficulty_table, routed_markdown, speed_table, spread_table
 
 
 def _bench(speedup: float) -> dict:
@@ -33,3 +33,12 @@ def test_difficulty_table_means_over_seeds_with_marker_columns():
 def test_routed_markdown_holds_both_sections():
     text = routed_markdown({"bench": {"0": _bench(1.1)}, "difficulty": {"budgetformer": {"0": {"learned": _profile(0.1)}}}})
     assert "FLOP-ideal" in text and "by input difficulty" in text and "| budgetformer | learned | 1 |" in text
+
+
+def test_spread_table_counts_the_validation_choices_and_means_the_scores():
+    seed0 = {"0.5": {"scale": 1.0, "val_scores": {"0.0": 0.90, "0.5": 0.91, "1.0": 0.92}}}
+    seed1 = {"0.5": {"scale": 0.0, "val_scores": {"0.0": 0.92, "0.5": 0.91, "1.0": 0.90}}}
+    table = spread_table({"capped-routing": {"0": seed0, "1": seed1}})
+    assert "| capped-routing | 0.5 | 2 | 0 (1), 1 (1) | 0: 91.00 ± 1.41; 0.5: 91.00 ± 0.00; 1: 91.00 ± 1.41 |" in table
+    assert "Spread of the difficulty allocation" in routed_markdown({"spread": {"capped-routing": {"0": seed0}}})
+    assert "Spread" not in routed_markdown({"spread": {"budgetformer": {"0": {}}}})

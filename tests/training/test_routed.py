@@ -10,7 +10,7 @@ from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.router import RouterConfig
 from budgeted_attention.model.transformer import EncoderClassifier
 from budgeted_attention.training.config import TrainConfig
-from budgeted_attention.training.routed import calibrate_router, realised_cost, routing_summary, train_routed, _pooled
+from budgeted_attention.training.routed import calibrate_router, choose_spread, realised_cost, routing_summary, train_routed, _pooled
 from budgeted_attention.training.stages import seed_everything, train_dense
 
 DATA = SyntheticConfig(n_train=256, n_val=64, n_test=64, seq_len=8, n_distractors=4)
@@ -48,6 +48,24 @@ def test_capped_routing_learns_per_input_counts_from_the_teacher():
     counts = model.router.head_counts(pooled, 0.5)
     assert len(counts.unique()) > 1  # not every input at the same count
     assert realised_cost(model, pooled, 0.5) <= 0.5
+
+
+def test_the_spread_is_chosen_on_validation_and_holds_the_budget():
+    splits, dense, model = _setup("capped")
+    train_routed(model, splits.train, TRAIN, seed=0, steps=100, teacher=dense, progress=False)
+    choices = choose_spread(model, splits.val, [0.5, 1.0], scales=(0.0, 1.0))
+    assert set(choices) == {0.5}
+    scores = {float(c): v for c, v in choices[0.5]["val_scores"].items()}
+    best = choices[0.5]["scale"]
+    assert scores[best] == max(scores.values()) and model.router.scale(0.5) == best
+    pooled = _pooled(model, splits.val, 64)
+    assert realised_cost(model, pooled, 0.5) <= 0.5
+    model.router.spread_scale[0.5] = 0.0  # spread 0: every input the same count
+    calibrate_router(model, splits.val, [0.5])
+    assert len(model.router.head_counts(pooled, 0.5).unique()) == 1
+    _, _, learned = _setup("learned")
+    with pytest.raises(ValueError, match="allocation 'difficulty'"):
+        choose_spread(learned, splits.val, [0.5])
 
 
 def test_routing_stage_refuses_a_model_without_router():

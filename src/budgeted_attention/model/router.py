@@ -185,6 +185,9 @@ class HeadRouter(nn.Module):
         self.exploit = False
         # Calibration of the capped mode: budget -> logit offset, fitted on validation data.
         self.calibration: dict[float, float] = {}
+        # Difficulty allocation: budget -> multiplier of z (0 = every input the same count), chosen
+        # on validation (training.routed.choose_spread); 1 where none was chosen.
+        self.spread_scale: dict[float, float] = {}
         self._pending: list[torch.Tensor] = []
         self.last_fraction: torch.Tensor | None = None  # (batch,) s of the last decision
         self.last_heads: torch.Tensor | None = None  # (batch,) heads run per layer (k)
@@ -200,16 +203,11 @@ class HeadRouter(nn.Module):
 
     def offset(self, budget: float) -> float:
         """delta(b): the calibrated logit offset, linear in logit(b) between calibrated budgets."""
-        if not self.calibration:
-            return 0.0
-        points = sorted((_logit(min(b, 1 - 1e-6)), d) for b, d in self.calibration.items())
-        x = _logit(min(budget, 1 - 1e-6))
-        if x <= points[0][0]:
-            return points[0][1]
-        for (x0, d0), (x1, d1) in zip(points, points[1:]):
-            if x <= x1:
-                return d0 + (d1 - d0) * (x - x0) / max(x1 - x0, 1e-12)
-        return points[-1][1]
+        return _interpolate(self.calibration, budget, 0.0)
+
+    def scale(self, budget: float) -> float:
+        """The multiplier of the difficulty logit z at ``budget`` (1 unless chosen on validation)."""
+        return _interpolate(self.spread_scale, budget, 1.0)
 
     def fraction(self, pooled: torch.Tensor, budget: float | None, offset: float | None = None) -> torch.Tensor:
         """Head fraction s per input, shape (batch,), from pooled features (batch, d_model)."""
@@ -233,7 +231,8 @@ class HeadRouter(nn.Module):
         if b == 1.0:  # logit(1) = inf: every head
             return torch.ones_like(raw)
         delta = self.offset(b) if offset is None else offset
-        return torch.sigmoid(raw + _logit(b) + delta)
+        scale = self.scale(b)
+        return torch.sigmoid((raw if scale == 1.0 else raw * scale) + _logit(b) + delta)
 
     def heads_for(self, fraction: torch.Tensor) -> torch.Tensor:
         """k = ceil(s * H) heads per layer, at least 1: (batch,) long."""
@@ -376,10 +375,29 @@ class HeadRouter(nn.Module):
     # ------------------------------------------------------------------ save / load
 
     def describe(self) -> dict[str, Any]:
-        return {"config": self.cfg.to_dict(), "calibration": {str(b): d for b, d in sorted(self.calibration.items())}}
+        return {
+            "config": self.cfg.to_dict(),
+            "calibration": {str(b): d for b, d in sorted(self.calibration.items())},
+            "spread_scale": {str(b): c for b, c in sorted(self.spread_scale.items())},
+        }
 
-    def load_calibration(self, table: dict[str, float]) -> None:
+    def load_calibration(self, table: dict[str, float], spread_scale: dict[str, float] | None = None) -> None:
         self.calibration = {validate_budget(float(b)): float(d) for b, d in table.items()}
+        self.spread_scale = {validate_budget(float(b)): float(c) for b, c in (spread_scale or {}).items()}
+
+
+def _interpolate(table: dict[float, float], budget: float, default: float) -> float:
+    """A per-budget value, linear in logit(b) between the budgets of ``table`` and held beyond them."""
+    if not table:
+        return default
+    points = sorted((_logit(min(b, 1 - 1e-6)), v) for b, v in table.items())
+    x = _logit(min(budget, 1 - 1e-6))
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, v0), (x1, v1) in zip(points, points[1:]):
+        if x <= x1:
+            return v0 + (v1 - v0) * (x - x0) / max(x1 - x0, 1e-12)
+    return points[-1][1]
 
 
 def pooled_embeddings(embedding: nn.Embedding, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

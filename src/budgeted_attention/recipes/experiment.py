@@ -97,7 +97,7 @@ from budgeted_attention.reporting.rows import ResultRow
 from budgeted_attention.reporting.summary import headline, headline_markdown
 from budgeted_attention.tasks import CLASSIFY, TASKS, Task
 from budgeted_attention.training.config import TrainConfig
-from budgeted_attention.training.routed import calibrate_router, difficulty_profile, routing_summary, train_routed
+from budgeted_attention.training.routed import calibrate_router, choose_spread, difficulty_profile, routing_summary, train_routed
 from budgeted_attention.training.stages import seed_everything, train_budgeted, train_dense, train_hard, train_masked
 
 # Benchmark unit name -> the method whose rows get its measured speed.
@@ -608,6 +608,10 @@ class Experiment:
         steps = int(description["steps"]) + log.steps
         budgets: list[float | None] = [None] if mode == "learned" else list(self.cfg.budgets)
         calibration = calibrate_router(model, self.splits.val, [b for b in budgets if b is not None], batch_size=self.eval_batch) if mode == "capped" else {}
+        spread = {}
+        if model.router.by_difficulty:  # how unequal the allocation is, chosen per budget on validation
+            spread = choose_spread(model, self.splits.val, [b for b in budgets if b is not None], task=self.task, batch_size=self.eval_batch)
+            calibration = {b: model.router.calibration[b] for b in calibration}
         save_model(model, self._ckpt(seed, method), method=method, seed=seed, steps=steps)
         cost = model.cost_model(self._bench_seq())
         rows, profiles = [], {}
@@ -621,7 +625,10 @@ class Experiment:
                 ideal_speedup=summary.ideal_speedup, flops_fraction=summary.flops_fraction,
                 variant="learned budget" if b is None else None,
             ))
-        return {"rows": rows, "calibration": {str(b): d for b, d in calibration.items()}, "difficulty": profiles, "loss_curve": log.loss_curve()}
+        return {
+            "rows": rows, "calibration": {str(b): d for b, d in calibration.items()}, "spread": {str(b): c for b, c in spread.items()},
+            "difficulty": profiles, "loss_curve": log.loss_curve(),
+        }
 
     def _bench_routed(self, seed: int) -> dict[str, Any]:
         """Per-input routed models timed on validation inputs against the plain dense reference, at
@@ -754,6 +761,7 @@ class Experiment:
             "bench": {str(seed): bench for seed, bench in benches.items()},
             "difficulty": {m: {str(seed): r.get("difficulty", {}) for seed, r in by_seed.items()} for m, by_seed in records.items()},
             "calibration": {m: {str(seed): r.get("calibration", {}) for seed, r in by_seed.items()} for m, by_seed in records.items()},
+            "spread": {m: {str(seed): r.get("spread", {}) for seed, r in by_seed.items()} for m, by_seed in records.items()},
         }
         write_json_atomic(self.out / "routed.json", data)
         write_text_atomic(self.out / "routed.md", f"# Per-input head routing: {self.cfg.name}\n\n" + routed_markdown(data))

@@ -1,7 +1,7 @@
 """Markdown of per-input head routing results (``routed.json`` of a run directory).
 
 ``routed.json``: ``{"bench": {seed: {"rows": [...]}}, "difficulty": {method: {seed: {budget: profile}}},
-"calibration": {method: {seed: {budget: offset}}}}`` (see
+"calibration": {method: {seed: {budget: offset}}}, "spread": {method: {seed: {budget: choice}}}}`` (see
 :func:`budgeted_attention.benchmark.per_input.bench_per_input` and
 :func:`budgeted_attention.training.routed.difficulty_profile`). Tables aggregate over seeds
 (mean ± std) so a 3-seed run stays readable.
@@ -79,6 +79,28 @@ def difficulty_table(difficulty: dict[str, dict[str, dict[str, Any]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def spread_table(spread: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """The difficulty router's spread multiplier chosen on validation, per (method, budget): how
+    often each candidate won over the seeds, and the mean validation score of each candidate."""
+    lines = ["| method | budget | seeds | chosen spread (seeds) | validation score by spread |", "|---|---:|---:|---|---|"]
+    for method, by_seed in spread.items():
+        budgets = sorted({b for choices in by_seed.values() for b in choices}, key=float)
+        for budget in budgets:
+            picks = [choices[budget] for choices in by_seed.values() if budget in choices]
+            if not picks:
+                continue
+            counts: dict[float, int] = defaultdict(int)
+            scores: dict[str, list[float]] = defaultdict(list)
+            for pick in picks:
+                counts[float(pick["scale"])] += 1
+                for c, v in pick["val_scores"].items():
+                    scores[c].append(100 * v)
+            chosen = ", ".join(f"{c:g} ({n})" for c, n in sorted(counts.items()))
+            by_spread = "; ".join(f"{float(c):g}: {_mean_std(v)}" for c, v in sorted(scores.items(), key=lambda item: float(item[0])))
+            lines.append(f"| {method} | {_budget_label(budget)} | {len(picks)} | {chosen} | {by_spread} |")
+    return "\n".join(lines) + "\n"
+
+
 def routed_markdown(data: dict[str, Any]) -> str:
     """The per-input routing section of a run: speed, then heads by input difficulty."""
     parts = []
@@ -97,5 +119,13 @@ def routed_markdown(data: dict[str, Any]) -> str:
             "(0 when every input gets the same count).",
             "",
             difficulty_table(data["difficulty"]),
+        ]
+    if any(choices for by_seed in data.get("spread", {}).values() for choices in by_seed.values()):
+        parts += [
+            "Spread of the difficulty allocation, chosen per budget on the validation split: the router's difficulty "
+            "logit is multiplied by the spread (0: every input gets the same head count; 1: as trained), the offset "
+            "re-calibrated to the budget, and the best validation score wins (ties to the smaller spread). Scores in %.",
+            "",
+            spread_table(data["spread"]),
         ]
     return "\n".join(parts)

@@ -133,8 +133,45 @@ def calibrate_router(model: GatedModel, val: Split, budgets: list[float], *, bat
             else:
                 high = mid
         table[b] = low
-    router.calibration = dict(table)
+    router.calibration.update(table)
     return table
+
+
+SPREAD_SCALES = (0.0, 0.5, 1.0)
+
+
+@torch.no_grad()
+def choose_spread(
+    model: GatedModel, val: Split, budgets: list[float], *, scales: tuple[float, ...] = SPREAD_SCALES,
+    task: Task = CLASSIFY, batch_size: int = 256,
+) -> dict[float, dict[str, Any]]:
+    """For each budget b < 1, the multiplier of a difficulty router's z, chosen on VALIDATION.
+
+    Each candidate c (0: every input the same head count; 1: the spread trained for) is
+    calibrated to the budget (:func:`calibrate_router`), then scored on the validation split;
+    the best score wins, ties to the smaller c. How unequal the allocation should be is an
+    empirical question per budget and data set: at a low budget, taking heads from easy inputs
+    can cost more than hard inputs gain. The choice and its offset are stored on the router.
+
+    Returns:
+        ``{b: {"scale": c, "val_scores": {c: score}}}`` (score: the task's higher-is-better metric).
+    """
+    router = model.router
+    if router is None or not router.by_difficulty:
+        raise ValueError("choose_spread is for a capped router with router.allocation 'difficulty'")
+    choices: dict[float, dict[str, Any]] = {}
+    for b in budgets:
+        if b >= 1.0:
+            continue
+        scores, offsets = {}, {}
+        for c in scales:
+            router.spread_scale[b] = c
+            offsets[c] = calibrate_router(model, val, [b], batch_size=batch_size)[b]
+            scores[c] = task.score(task.evaluate(model, val, batch_size, budget=b))
+        best = max(scales, key=lambda c: (scores[c], -c))
+        router.spread_scale[b], router.calibration[b] = best, offsets[best]
+        choices[b] = {"scale": best, "val_scores": {str(c): v for c, v in scores.items()}}
+    return choices
 
 
 @dataclass
