@@ -51,6 +51,27 @@ def test_hard_routing_equals_the_masked_forward_and_the_per_input_forward():
             assert torch.allclose(alone, hard[i : i + 1], atol=1e-5)
 
 
+@pytest.mark.parametrize(("causal", "qk_norm"), [(False, False), (True, True)])
+def test_many_head_sets_computed_head_by_head_equal_the_masked_forward(causal, qk_norm):
+    from budgeted_attention.model.attention import GatedSelfAttention
+
+    torch.manual_seed(3)
+    attention = GatedSelfAttention(16, 4, 4, causal=causal, qk_norm=qk_norm).eval()
+    with torch.no_grad():
+        attention.out_bias.normal_()
+    x = torch.randn(24, 7, 16)
+    mask = torch.ones(24, 1, 1, 7, dtype=torch.bool)
+    mask[3, ..., 4:] = False
+    selected = torch.rand(24, 4) < 0.5
+    selected[0] = True  # a head every input selected (the no-gather branch) needs a full column
+    selected[:, 0] = True
+    assert len(torch.unique(selected, dim=0)) > 4  # more sets than heads: the head-by-head path
+    with torch.no_grad():
+        hard = attention(x, mask, head_gates=selected)
+        masked = attention(x, mask, head_gates=selected.float())
+    assert torch.allclose(hard, masked, atol=1e-5)
+
+
 def test_selected_heads_are_the_top_k_scores_of_every_layer():
     model = _routed("learned")
     ids, mask = _inputs()

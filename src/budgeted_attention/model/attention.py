@@ -108,8 +108,10 @@ class GatedSelfAttention(nn.Module):
         qkv_bias: torch.Tensor,
         out_weight_t: torch.Tensor,
         head_gates: torch.Tensor | None = None,
+        out_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attention of ``n`` heads whose weights are given (rows as in the stored layout)."""
+        """Attention of ``n`` heads whose weights are given (rows as in the stored layout);
+        ``out_bias`` replaces the output bias (a per-head share of the sum adds none)."""
         batch, seq, _ = x.shape
         hd = self.head_dim
         qkv = F.linear(x, qkv_weight, qkv_bias)
@@ -129,7 +131,7 @@ class GatedSelfAttention(nn.Module):
         if head_gates is not None:
             y = y * head_gates.to(y.dtype).view(-1, n, 1, 1)
         y = y.transpose(1, 2).reshape(batch * seq, n * hd)
-        out = torch.addmm(self.out_bias, y, out_weight_t)
+        out = torch.addmm(self.out_bias if out_bias is None else out_bias, y, out_weight_t)
         return out.view(batch, seq, self.d_model)
 
     def _forward_heads(self, x: torch.Tensor, attn_mask: torch.Tensor | None, heads: torch.Tensor) -> torch.Tensor:
@@ -152,11 +154,43 @@ class GatedSelfAttention(nn.Module):
         patterns, inverse = torch.unique(selected, dim=0, return_inverse=True)
         if patterns.shape[0] == 1:
             return self._forward_pattern(x, attn_mask, patterns[0])
+        if patterns.shape[0] > self.active_heads:  # more head sets than heads: fewer, larger calls per head
+            return self._forward_per_head(x, attn_mask, selected)
         out = x.new_empty(x.shape[0], x.shape[1], self.d_model)
         for group, pattern in enumerate(patterns):
             rows = (inverse == group).nonzero().flatten()
             mask = None if attn_mask is None else attn_mask.index_select(0, rows)
             out[rows] = self._forward_pattern(x.index_select(0, rows), mask, pattern)
+        return out
+
+    def _forward_per_head(self, x: torch.Tensor, attn_mask: torch.Tensor | None, selected: torch.Tensor) -> torch.Tensor:
+        """Per-input head sets computed head by head: head h runs on the inputs that selected it,
+        from its own contiguous weight rows (views, no gather), and its share of the output
+        projection is added to those inputs' rows. The same FLOPs as grouping by head set, in at
+        most ``active_heads`` calls instead of one per distinct set."""
+        batch, seq, _ = x.shape
+        hd = self.head_dim
+        out = self.out_bias.expand(batch, seq, self.d_model).clone()
+        no_bias = torch.zeros_like(self.out_bias)
+        for head, chosen in enumerate(selected.t().tolist()):
+            rows = [i for i, on in enumerate(chosen) if on]
+            if not rows:
+                continue
+            index = torch.tensor(rows, dtype=torch.long, device=x.device)
+            every = len(rows) == batch
+            part = self._attend(
+                x if every else x.index_select(0, index),
+                attn_mask if attn_mask is None or every else attn_mask.index_select(0, index),
+                1,
+                self.qkv_weight[head * 3 * hd : (head + 1) * 3 * hd],
+                self.qkv_bias[head * 3 * hd : (head + 1) * 3 * hd],
+                self.out_weight_t[head * hd : (head + 1) * hd],
+                out_bias=no_bias,
+            )
+            if every:
+                out += part
+            else:
+                out.index_add_(0, index, part)
         return out
 
     def _forward_pattern(self, x: torch.Tensor, attn_mask: torch.Tensor | None, pattern: torch.Tensor) -> torch.Tensor:
