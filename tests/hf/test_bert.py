@@ -167,3 +167,21 @@ def test_per_input_routing_computes_selected_heads_only_and_equals_the_masked_fo
     model.train()
     model(ids[:1], mask[:1], budget=0.5).sum().backward()  # training gathers with autograd
     assert model.attentions[0].query.weight.grad is not None
+
+
+def test_many_head_sets_computed_head_by_head_equal_the_masked_context():
+    torch.manual_seed(4)
+    model = GatedBertClassifier(_tiny_bert()).eval()
+    attention = model.attentions[0]
+    hidden = torch.randn(24, 7, attention.query.in_features)
+    mask = torch.ones(24, 1, 1, 7, dtype=torch.bool)
+    mask[2, ..., 5:] = False
+    selected = torch.rand(24, attention.active_heads) < 0.5
+    selected[:, 0] = True
+    assert len(torch.unique(selected, dim=0)) > attention.active_heads  # the head-by-head path
+    with torch.no_grad():
+        attention.head_gates = selected
+        hard, _ = attention(hidden, mask)
+        attention.head_gates = None
+        masked = attention._context(hidden, mask, None, selected.float())
+    assert torch.allclose(hard, masked, atol=1e-5)

@@ -180,6 +180,8 @@ class GatedBertSelfAttention(nn.Module):
         hd = self.head_dim
         out = hidden_states.new_zeros(batch, seq, self.active_heads * hd)
         patterns, inverse = torch.unique(selected, dim=0, return_inverse=True)
+        if patterns.shape[0] > self.active_heads:  # more head sets than heads: fewer, larger calls per head
+            return self._per_head_context(hidden_states, attention_mask, selected, out)
         for group, pattern in enumerate(patterns):
             heads = pattern.nonzero().flatten()
             if heads.numel() == 0:
@@ -189,6 +191,28 @@ class GatedBertSelfAttention(nn.Module):
             context = self._context(hidden_states.index_select(0, rows), mask, heads)
             positions = torch.arange(seq, device=hidden_states.device)
             out.index_put_((rows.view(-1, 1, 1), positions.view(1, -1, 1), self._rows(heads).view(1, 1, -1)), context)
+        return out
+
+    def _per_head_context(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, selected: torch.Tensor, out: torch.Tensor
+    ) -> torch.Tensor:
+        """Per-input head sets computed head by head into ``out`` (batch, seq, active_heads * hd),
+        zeros: head h runs on the inputs that selected it, from its contiguous q/k/v rows (views)."""
+        hd = self.head_dim
+        for head, chosen in enumerate(selected.t().tolist()):
+            rows = [i for i, on in enumerate(chosen) if on]
+            if not rows:
+                continue
+            index = torch.tensor(rows, dtype=torch.long, device=hidden_states.device)
+            x = hidden_states.index_select(0, index)
+            mask = None if attention_mask is None else attention_mask.index_select(0, index)
+            span = slice(head * hd, (head + 1) * hd)
+            q, k, v = (
+                F.linear(x, linear.weight[span], linear.bias[span]).view(len(rows), -1, 1, hd).transpose(1, 2)
+                for linear in (self.query, self.key, self.value)
+            )
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # (rows, 1, T, hd)
+            out[index, :, span] = y.squeeze(1)
         return out
 
     @torch.no_grad()
