@@ -329,7 +329,12 @@ def test_per_input_routing_methods_train_calibrate_and_time_at_equal_steps(tmp_p
     record = json.loads((tmp_path / "run" / "routed.json").read_text())
     assert {r["batch_size"] for r in record["bench"]["0"]["rows"]} == {1, 4}
     assert set(record["calibration"]["capped-routing"]["0"]) == {"0.5", "0.75"}
-    assert "Heads per layer by input difficulty" in (tmp_path / "run" / "routed.md").read_text()
+    spread = record["spread"]["capped-routing"]["0"]
+    assert set(spread) == {"0.5", "0.75"} and all(choice["scale"] in (0.0, 0.5, 1.0) for choice in spread.values())
+    not_as_trained = {b for b, choice in spread.items() if choice["scale"] != 1.0}
+    assert set(record["difficulty_as_trained"]["capped-routing"]["0"]) == not_as_trained  # shown beside the choice
+    text = (tmp_path / "run" / "routed.md").read_text()
+    assert "Heads per layer by input difficulty" in text and "chosen per budget on the validation split" in text
 
 
 def test_routing_methods_are_refused_where_they_cannot_run(tmp_path):

@@ -614,11 +614,13 @@ class Experiment:
             calibration = {b: model.router.calibration[b] for b in calibration}
         save_model(model, self._ckpt(seed, method), method=method, seed=seed, steps=steps)
         cost = model.cost_model(self._bench_seq())
-        rows, profiles = [], {}
+        rows, profiles, as_trained = [], {}, {}
         for b in budgets:
             with self.splits.final_evaluation() as test:  # realised cost on test: measured, no choice
                 summary = routing_summary(model, test, cost, budget=b, batch_size=self.eval_batch, task=None)
                 profiles["learned" if b is None else str(b)] = difficulty_profile(summary.heads, dense, test, self.cfg.data.source, self.eval_batch)
+                if b is not None and b in spread and spread[b]["scale"] != 1.0:
+                    as_trained[str(b)] = self._heads_as_trained(model, dense, test, cost, b, float(spread[b]["offsets"]["1.0"]))
             rows.append(ResultRow(
                 method=method, budget=1.0 if b is None else b, seed=seed, **self._metrics(model, budget=b),
                 cost=summary.cost, cost_kind="routed", steps=steps, mean_heads=summary.mean_heads,
@@ -627,8 +629,21 @@ class Experiment:
             ))
         return {
             "rows": rows, "calibration": {str(b): d for b, d in calibration.items()}, "spread": {str(b): c for b, c in spread.items()},
-            "difficulty": profiles, "loss_curve": log.loss_curve(),
+            "difficulty": profiles, "difficulty_as_trained": as_trained, "loss_curve": log.loss_curve(),
         }
+
+    def _heads_as_trained(self, model: GatedModel, dense: GatedModel, split: Any, cost: Any, budget: float, offset: float) -> dict[str, Any]:
+        """How the heads track difficulty at spread 1 (as trained) where validation chose another
+        spread: shown beside the chosen allocation, never used for a result row."""
+        router = model.router
+        chosen = router.spread_scale[budget], router.calibration[budget]
+        router.spread_scale[budget], router.calibration[budget] = 1.0, offset
+        try:
+            summary = routing_summary(model, split, cost, budget=budget, batch_size=self.eval_batch, task=None)
+            profile = difficulty_profile(summary.heads, dense, split, self.cfg.data.source, self.eval_batch)
+        finally:
+            router.spread_scale[budget], router.calibration[budget] = chosen
+        return {**profile, "cost": summary.cost}
 
     def _bench_routed(self, seed: int) -> dict[str, Any]:
         """Per-input routed models timed on validation inputs against the plain dense reference, at
@@ -762,6 +777,9 @@ class Experiment:
             "difficulty": {m: {str(seed): r.get("difficulty", {}) for seed, r in by_seed.items()} for m, by_seed in records.items()},
             "calibration": {m: {str(seed): r.get("calibration", {}) for seed, r in by_seed.items()} for m, by_seed in records.items()},
             "spread": {m: {str(seed): r.get("spread", {}) for seed, r in by_seed.items()} for m, by_seed in records.items()},
+            "difficulty_as_trained": {
+                m: {str(seed): r.get("difficulty_as_trained", {}) for seed, r in by_seed.items()} for m, by_seed in records.items()
+            },
         }
         write_json_atomic(self.out / "routed.json", data)
         write_text_atomic(self.out / "routed.md", f"# Per-input head routing: {self.cfg.name}\n\n" + routed_markdown(data))

@@ -120,6 +120,13 @@ def routed_markdown(data: dict[str, Any]) -> str:
             "",
             difficulty_table(data["difficulty"]),
         ]
+    if any(profiles for by_seed in data.get("difficulty_as_trained", {}).values() for profiles in by_seed.values()):
+        parts += [
+            "The same routers at spread 1 (as trained), where validation chose a smaller spread: how the heads would track "
+            "difficulty (test split, heads only; never a result row).",
+            "",
+            difficulty_table(data["difficulty_as_trained"]),
+        ]
     if any(choices for by_seed in data.get("spread", {}).values() for choices in by_seed.values()):
         parts += [
             "Spread of the difficulty allocation, chosen per budget on the validation split: the router's difficulty "

@@ -154,7 +154,8 @@ def choose_spread(
     can cost more than hard inputs gain. The choice and its offset are stored on the router.
 
     Returns:
-        ``{b: {"scale": c, "val_scores": {c: score}}}`` (score: the task's higher-is-better metric).
+        ``{b: {"scale": c, "val_scores": {c: score}, "offsets": {c: delta}}}`` (score: the task's
+        higher-is-better metric; keys of the inner maps are ``str(c)``).
     """
     router = model.router
     if router is None or not router.by_difficulty:
@@ -170,7 +171,7 @@ def choose_spread(
             scores[c] = task.score(task.evaluate(model, val, batch_size, budget=b))
         best = max(scales, key=lambda c: (scores[c], -c))
         router.spread_scale[b], router.calibration[b] = best, offsets[best]
-        choices[b] = {"scale": best, "val_scores": {str(c): v for c, v in scores.items()}}
+        choices[b] = {"scale": best, "val_scores": {str(c): v for c, v in scores.items()}, "offsets": {str(c): d for c, d in offsets.items()}}
     return choices
 
 
