@@ -185,3 +185,25 @@ def test_many_head_sets_computed_head_by_head_equal_the_masked_context():
         attention.head_gates = None
         masked = attention._context(hidden, mask, None, selected.float())
     assert torch.allclose(hard, masked, atol=1e-5)
+
+
+def test_a_failure_while_selecting_heads_leaves_no_selection_behind(monkeypatch):
+    from budgeted_attention.hf.bert import GatedBertSelfAttention
+    from budgeted_attention.model.router import RouterConfig
+
+    torch.manual_seed(0)
+    model = GatedBertClassifier(_tiny_bert()).eval()
+    model.attach_router(RouterConfig(mode="capped"))
+    ids = torch.randint(0, 99, (1, 9))
+    original = GatedBertSelfAttention.select_heads
+
+    def fail_in_the_last_layer(self, heads, dense):
+        if self is model.attentions[-1]:
+            raise MemoryError("no memory for the gather")
+        return original(self, heads, dense)
+
+    monkeypatch.setattr(GatedBertSelfAttention, "select_heads", fail_in_the_last_layer)
+    with torch.no_grad(), pytest.raises(MemoryError):
+        model(ids, budget=0.5)
+    assert all(a.head_index is None and a.gathered is None for a in model.attentions)
+    assert all(d.input_index is None and d.input_weight is None for d in model.output_denses)

@@ -63,3 +63,12 @@ def test_cached_attention_equals_the_gathering_path_and_training_bypasses_the_ca
     out.sum().backward()
     assert attention.qkv_weight.grad is not None  # gathered with autograd, not from the cache
     assert len(copy.deepcopy(attention)._gathered) == 0
+
+
+def test_a_model_made_under_inference_mode_runs_the_selected_heads_uncached():
+    with torch.inference_mode():
+        attention = GatedSelfAttention(16, 4, 4).eval()  # inference tensors: no version counter
+        x = torch.randn(1, 5, 16)
+        out = attention(x, head_gates=torch.tensor([[True, False, True, False]]))
+        assert torch.allclose(out, attention._forward_heads(x, None, torch.tensor([0, 2])), atol=1e-6)
+    assert len(attention._gathered) == 0

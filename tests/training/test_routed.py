@@ -82,9 +82,17 @@ def test_calibration_holds_the_mean_cost_under_each_budget_on_validation():
     pooled = _pooled(model, splits.val, 64)
     for b in (0.25, 0.5, 0.75):
         assert realised_cost(model, pooled, b) <= b + 1e-9
-        # and not needlessly cheap: a slightly larger offset breaks the budget (unless at the bound)
+        # not needlessly cheap: the cost is the largest within the budget (unless at the bound),
+        # and the offset sits inside its flat interval, away from the count boundaries
         if table[b] < 19.9:
-            assert realised_cost(model, pooled, b, table[b] + 1e-3) > b
+            cost = realised_cost(model, pooled, b)
+            inside, breaking = table[b], 20.0  # bisect for the first offset that breaks the budget
+            for _ in range(40):
+                mid = 0.5 * (inside + breaking)
+                inside, breaking = (mid, breaking) if realised_cost(model, pooled, b, mid) <= b else (inside, mid)
+            assert realised_cost(model, pooled, b, inside) == cost  # the largest cost within b
+            gap = breaking - table[b]
+            assert gap > 1e-3 and realised_cost(model, pooled, b, max(table[b] - 0.8 * gap, -20.0)) == cost
 
 
 def test_calibration_is_for_capped_routers_only():
@@ -116,3 +124,33 @@ def test_router_gets_its_own_learning_rate_when_set():
     groups = _param_groups(model, 1e-3, 2e-2, 0.0)
     router_ids = {id(p) for p in model.router.parameters()}
     assert [g["lr"] for g in groups if {id(p) for p in g["params"]} == router_ids] == [5e-3]
+
+
+def test_after_calibration_an_input_gets_the_same_count_alone_and_in_a_batch():
+    splits, dense, model = _setup("capped")
+    train_routed(model, splits.train, TRAIN, seed=0, steps=100, teacher=dense, progress=False)
+    calibrate_router(model, splits.val, [0.25, 0.5, 0.75])
+    pooled = _pooled(model, splits.val, 64)  # the inputs the offsets were fitted on
+    with torch.no_grad():
+        for b in (0.25, 0.5, 0.75):
+            batched = model.router.decide(pooled, b).sum(-1)
+            for i in range(len(pooled)):
+                assert torch.equal(model.router.decide(pooled[i : i + 1], b).sum(-1)[0], batched[i])
+
+
+class _EveryoneTies:
+    """A task whose validation score is the same for every spread."""
+
+    def evaluate(self, *args, **kwargs):
+        return {"accuracy": 0.5}
+
+    def score(self, metrics):
+        return metrics["accuracy"]
+
+
+def test_spread_ties_go_to_the_smaller_spread():
+    splits, dense, model = _setup("capped")
+    train_routed(model, splits.train, TRAIN, seed=0, steps=20, teacher=dense, progress=False)
+    choices = choose_spread(model, splits.val, [0.5], scales=(1.0, 0.5, 0.0), task=_EveryoneTies())
+    assert choices[0.5]["scale"] == 0.0 and model.router.scale(0.5) == 0.0
+    assert model.router.calibration[0.5] == choices[0.5]["offsets"]["0.0"]

@@ -328,17 +328,17 @@ class GatedBertClassifier(GatedModel):
         """
         budget, gates = self.routed_gates(input_ids, attention_mask, budget, gates)
         head_gates, group_gates = self.layer_unit_gates(budget, gates)
-        for layer, (attention, dense) in enumerate(zip(self.attentions, self.output_denses)):
-            layer_gates = None if head_gates is None else head_gates[layer]
-            if layer_gates is not None and layer_gates.dtype == torch.bool:
-                patterns = layer_gates if layer_gates.shape[0] == 1 else torch.unique(layer_gates, dim=0)
-                if patterns.shape[0] == 1:  # one head set for the whole batch: gather, compute it only
-                    attention.select_heads(tuple(h for h, on in enumerate(patterns[0].tolist()) if on), dense)
-                    continue
-            attention.head_gates = layer_gates
-        for layer, module in enumerate(self.intermediates):
-            module.group_gates = None if group_gates is None else group_gates[layer]
-        try:
+        try:  # the per-forward selections are cleared in `finally`, also when setting them fails
+            for layer, (attention, dense) in enumerate(zip(self.attentions, self.output_denses)):
+                layer_gates = None if head_gates is None else head_gates[layer]
+                if layer_gates is not None and layer_gates.dtype == torch.bool:
+                    patterns = layer_gates if layer_gates.shape[0] == 1 else torch.unique(layer_gates, dim=0)
+                    if patterns.shape[0] == 1:  # one head set for the whole batch: gather, compute it only
+                        attention.select_heads(tuple(h for h, on in enumerate(patterns[0].tolist()) if on), dense)
+                        continue
+                attention.head_gates = layer_gates
+            for layer, module in enumerate(self.intermediates):
+                module.group_gates = None if group_gates is None else group_gates[layer]
             return self.hf(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
         finally:
             for attention, dense in zip(self.attentions, self.output_denses):

@@ -22,8 +22,11 @@ class GatherCache:
 
     An entry is valid while every source tensor is the same object at the same version: an
     optimiser step, ``load_state_dict`` or any in-place edit bumps the version, and surgery
-    replaces the tensor, so a stale entry is never returned. Only for calls without autograd:
-    in training the gathered copies must carry gradients to the weights.
+    replaces the tensor, so a stale entry is never returned. Exception: an edit through
+    ``param.data`` (its own version counter) is not seen; call :meth:`clear` after one. Only for
+    calls without autograd: in training the gathered copies must carry gradients to the weights.
+    Inference tensors (a model built under ``torch.inference_mode()``) have no version counter:
+    for them nothing is cached.
     """
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
@@ -37,6 +40,8 @@ class GatherCache:
         self, heads: tuple[int, ...], sources: tuple[torch.Tensor, ...], gather: Callable[[], tuple[torch.Tensor, ...]]
     ) -> tuple[torch.Tensor, ...]:
         """The tensors ``gather()`` returns for ``heads``, from the cache when ``sources`` are unchanged."""
+        if any(t.is_inference() for t in sources):
+            return gather()
         stamp = tuple((id(t), t.data_ptr(), t._version) for t in sources)
         if stamp != self._stamp:
             self.clear()

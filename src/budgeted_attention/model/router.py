@@ -202,7 +202,11 @@ class HeadRouter(nn.Module):
     # ------------------------------------------------------------------ decisions
 
     def offset(self, budget: float) -> float:
-        """delta(b): the calibrated logit offset, linear in logit(b) between calibrated budgets."""
+        """delta(b): the calibrated logit offset, linear in logit(b) between calibrated budgets.
+
+        The cap (realised mean cost <= b on validation) is fitted at the calibrated budgets; between
+        them the offset (and a chosen spread) are interpolated, which keeps the cost near b but
+        does not guarantee it."""
         return _interpolate(self.calibration, budget, 0.0)
 
     def scale(self, budget: float) -> float:
@@ -284,10 +288,12 @@ class HeadRouter(nn.Module):
         model's forward pass."""
         s_tensor = self.fraction(pooled, budget, offset)
         scores = self.scorer(pooled)
-        s, *flat = torch.cat([s_tensor.view(1), scores.view(-1)]).tolist()
-        if not math.isfinite(s):
+        # s * H - 1e-6 in float32 as in heads_for: in double precision the ceiling can differ
+        # for an input on a count boundary (calibration puts some validation input near one).
+        count, *flat = torch.cat([(s_tensor * self.n_heads - 1e-6).view(1), scores.view(-1)]).tolist()
+        if not math.isfinite(count):
             raise ValueError("the head router produced a non-finite head fraction (diverged training?)")
-        k = min(max(math.ceil(s * self.n_heads - 1e-6), 1), self.n_heads)
+        k = min(max(math.ceil(count), 1), self.n_heads)
         mask = [[False] * self.n_heads for _ in range(self.n_layers)]
         for layer, row in enumerate(mask):
             layer_scores = flat[layer * self.n_heads : (layer + 1) * self.n_heads]

@@ -103,13 +103,19 @@ def realised_cost(model: GatedModel, pooled: torch.Tensor, budget: float | None,
 
 
 @torch.no_grad()
-def calibrate_router(model: GatedModel, val: Split, budgets: list[float], *, batch_size: int = 256, iterations: int = 40) -> dict[float, float]:
+def calibrate_router(
+    model: GatedModel, val: Split, budgets: list[float], *, batch_size: int = 256, iterations: int = 40, replace: bool = True,
+) -> dict[float, float]:
     """Fit the capped router's offset delta(b) for each budget on VALIDATION inputs.
 
     For each b < 1, bisection finds the largest offset whose realised mean head fraction is at
-    most b (a budget below 1 / n_heads cannot be met: every input runs at least one head per
-    layer; its offset is then the lowest searched). The table is stored on the router and
-    returned (budget -> offset).
+    most b, then the smallest offset with that same realised cost; the offset is the middle of
+    that interval, so no validation input sits on a count boundary (where the rounding of a
+    batch-1 and a batched evaluation could disagree). A budget below 1 / n_heads cannot be met
+    (every input runs at least one head per layer); its offset is then the lowest searched.
+
+    Returns the table (budget -> offset), which is also stored on the router: replacing its
+    table, or (``replace=False``) updating the given budgets' entries only.
     """
     router = model.router
     if router is None or router.cfg.mode != "capped":
@@ -132,8 +138,19 @@ def calibrate_router(model: GatedModel, val: Split, budgets: list[float], *, bat
                 low = mid
             else:
                 high = mid
-        table[b] = low
-    router.calibration.update(table)
+        cost = realised_cost(model, pooled, b, low)
+        below, edge = -20.0, low  # the flat interval (below, edge] of offsets with this same cost
+        for _ in range(iterations):
+            mid = 0.5 * (below + edge)
+            if realised_cost(model, pooled, b, mid) < cost:
+                below = mid
+            else:
+                edge = mid
+        table[b] = 0.5 * (edge + low)
+    if replace:
+        router.calibration = dict(table)
+    else:
+        router.calibration.update(table)
     return table
 
 
@@ -165,10 +182,15 @@ def choose_spread(
         if b >= 1.0:
             continue
         scores, offsets = {}, {}
-        for c in scales:
-            router.spread_scale[b] = c
-            offsets[c] = calibrate_router(model, val, [b], batch_size=batch_size)[b]
-            scores[c] = task.score(task.evaluate(model, val, batch_size, budget=b))
+        before = dict(router.spread_scale), dict(router.calibration)
+        try:
+            for c in scales:
+                router.spread_scale[b] = c
+                offsets[c] = calibrate_router(model, val, [b], batch_size=batch_size, replace=False)[b]
+                scores[c] = task.score(task.evaluate(model, val, batch_size, budget=b))
+        except BaseException:
+            router.spread_scale, router.calibration = before  # no half-tried candidate left behind
+            raise
         best = max(scales, key=lambda c: (scores[c], -c))
         router.spread_scale[b], router.calibration[b] = best, offsets[best]
         choices[b] = {"scale": best, "val_scores": {str(c): v for c, v in scores.items()}, "offsets": {str(c): d for c, d in offsets.items()}}
