@@ -25,6 +25,7 @@ def _run(args, capsys):
         (["demo", "--config", "no/such.yaml"], "no/such.yaml"),
         (["demo", "--quick", "--set", "train.lr=fast"], "train.lr"),
         (["demo", "--quick", "--set", "budgets=[0.0]"], "0.0"),
+        (["experiment", "configs/synthetic.yaml", "--threads", "0"], "'0'"),
     ],
 )
 def test_misuse_exits_2_with_one_line(args, fragment, capsys):
@@ -235,3 +236,18 @@ def test_serve_refuses_bad_runs_and_settings_before_starting(tmp_path, capsys):
 def test_serve_onnx_backend_needs_exported_graphs(tiny_run, capsys):
     assert main(["serve", str(tiny_run), "--backend", "onnxruntime", "--onnx-dir", str(tiny_run / "none")]) == 2
     assert "baa export" in capsys.readouterr().err
+
+
+def test_threads_sets_torch_threads_for_the_run(monkeypatch):
+    import torch
+
+    from budgeted_attention import cli
+
+    seen = {}
+    monkeypatch.setattr("budgeted_attention.recipes.experiment.run_experiment", lambda *a, **k: seen.setdefault("threads", torch.get_num_threads()))
+    before = torch.get_num_threads()
+    try:
+        assert cli.main(["experiment", "configs/synthetic.yaml", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen["threads"] == 1

@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     experiment.add_argument("--no-progress", action="store_true", help="hide progress bars")
     experiment.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device (default: train.device, auto = CUDA if available)")
     experiment.add_argument("--bf16", action="store_true", help="bfloat16 autocast on CUDA (train.bf16)")
+    experiment.add_argument("--threads", type=_positive_int, help="torch threads for training and evaluation (default: torch's, one per core); 1 when two runs share the machine")
     experiment.add_argument(
         "--finished-only", action="store_true",
         help="run nothing: write results from the units already finished (a partial run, marked as such)",
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     lm.add_argument("--no-progress", action="store_true", help="hide progress bars")
     lm.add_argument("--device", choices=["auto", "cpu", "cuda"], help="training device (default: train.device, auto = CUDA if available)")
     lm.add_argument("--bf16", action="store_true", help="bfloat16 autocast on CUDA (train.bf16)")
+    lm.add_argument("--threads", type=_positive_int, help="torch threads for training and evaluation (default: torch's, one per core); 1 when two runs share the machine")
     lm.add_argument("--finished-only", action="store_true", help="run nothing: write results from the finished units")
 
     bench = sub.add_parser("bench", help="measure CPU latency of dense vs pruned models of a run")
@@ -170,9 +172,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _set_threads(args: argparse.Namespace) -> None:
+    """``--threads``: where a run computes, not what (outside the config, like --device). Two
+    runs at torch's default on one machine oversubscribe its cores, and each slows down several
+    times over."""
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+
 def _cmd_experiment(args: argparse.Namespace) -> int:
     from budgeted_attention.recipes.experiment import run_experiment
 
+    _set_threads(args)
     run_experiment(args.config, args.out, _runtime_overrides(args), progress=not args.no_progress, finished_only=args.finished_only)
     return 0
 
@@ -180,6 +193,7 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
 def _cmd_lm(args: argparse.Namespace) -> int:
     from budgeted_attention.recipes.experiment import run_experiment
 
+    _set_threads(args)
     run_experiment(args.config, args.out, _runtime_overrides(args), progress=not args.no_progress, finished_only=args.finished_only, task="lm")
     return 0
 
