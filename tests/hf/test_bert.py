@@ -207,3 +207,23 @@ def test_a_failure_while_selecting_heads_leaves_no_selection_behind(monkeypatch)
         model(ids, budget=0.5)
     assert all(a.head_index is None and a.gathered is None for a in model.attentions)
     assert all(d.input_index is None and d.input_weight is None for d in model.output_denses)
+
+
+def test_static_slice_of_a_routed_bert_runs_a_head_count_without_the_router():
+    from budgeted_attention.benchmark.config import BenchConfig
+    from budgeted_attention.benchmark.per_input import bench_per_input, static_slice
+    from budgeted_attention.model.router import RouterConfig
+
+    torch.manual_seed(0)
+    model = GatedBertClassifier(_tiny_bert()).eval()
+    model.attach_router(RouterConfig(mode="capped"))
+    static = static_slice(model)
+    assert static.router is None and model.router is not None
+    ids = torch.randint(0, 99, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        static.set_active([1] * static.n_layers)
+        grid = torch.zeros(model.n_layers, model.n_heads)
+        grid[:, 0] = 1.0
+        assert torch.allclose(static(ids), model(ids, gates=grid), atol=1e-5)
+    (row,) = bench_per_input(model, model.plain_reference(), [(ids, torch.ones_like(ids))], [0.5], BenchConfig(rounds=1, min_run_time=0.01), method="capped-routing")
+    assert row["static_speedup"] > 0 and row["routing_share"] > 0

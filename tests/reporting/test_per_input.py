@@ -20,8 +20,17 @@ def _profile(rho: float) -> dict:
 
 def test_speed_table_aggregates_seeds_and_labels_the_learned_budget():
     table = speed_table({"0": _bench(1.1), "1": _bench(1.2)})
-    assert "| capped-routing | 0.5 | 1 | 64 | 2 | 4.00 ± 0.00 | 0.500 ± 0.000 | 1.15x ± 0.07 | 1.25x ± 0.00 | 0.92 ± 0.06 |" in table
+    assert "| capped-routing | 0.5 | 1 | 64 | 2 | 4.00 ± 0.00 | 0.500 ± 0.000 | 1.15x ± 0.07 | 1.25x ± 0.00 | 0.92 ± 0.06 |  |  |  |" in table
     assert "| budgetformer | learned |" in table
+
+
+def test_speed_table_shows_the_static_slice_where_it_was_timed():
+    bench = _bench(1.0)
+    bench["rows"][0].update(static_speedup=1.2, static_efficiency=0.96, routing_share=1.0 / 1.2)
+    bench["rows"].append({**bench["rows"][0], "batch_size": 32, "static_speedup": None, "static_efficiency": None, "routing_share": None})
+    table = speed_table({"0": bench})
+    assert "| 1.00x | 1.25x | 0.80 | 1.20x | 0.96 | 0.83 |" in table  # batch 1: routed vs the same FLOPs without routing
+    assert "| capped-routing | 0.5 | 32 | 64 | 1 | 4.00 | 0.500 | 1.00x | 1.25x | 0.80 |  |  |  |" in table
 
 
 def test_difficulty_table_means_over_seeds_with_marker_columns():

@@ -6,10 +6,18 @@ depends on them), interleaved with the plain dense reference (same weights, same
 gate or router code), 1 thread by default. The FLOP-ideal speedup is the dense model's FLOPs
 over the FLOPs of the heads the same inputs selected (cost model at each batch's padded length);
 efficiency = measured / ideal, so router overhead and grouping show as lost efficiency.
+
+At batch 1 a third model runs in the same interleaved rounds: the *static slice*, the same weights
+without the router, each input run with its own head count per layer as a prefix of the stored
+heads (instant switching, :meth:`~budgeted_attention.model.family.GatedModel.set_active`). It does
+the same FLOPs as the routed pass and none of the routing, so it splits the lost efficiency in two:
+what the framework loses on a small pass whatever picks the heads (static speedup / FLOP-ideal),
+and what the routing itself costs (routed / static speedup).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -42,6 +50,17 @@ def flop_ideal(model: GatedModel, batches: Batches, heads: list[list[int]]) -> f
     return dense / routed
 
 
+def static_slice(model: GatedModel) -> GatedModel:
+    """A copy of ``model`` without its router: the comparator that runs a given head count per layer
+    as a prefix of the stored heads (the same FLOPs as a routed input with that count)."""
+    router, model.router = model.router, None
+    try:
+        static = copy.deepcopy(model)
+    finally:
+        model.router = router
+    return static.eval()
+
+
 def bench_per_input(
     model: GatedModel,
     reference: nn.Module,
@@ -63,12 +82,17 @@ def bench_per_input(
 
     Returns:
         Rows with ``latency_ms`` (all batches, one pass), ``dense_latency_ms``, ``speedup``,
-        ``ideal_speedup``, ``efficiency``, ``mean_heads`` and the setting.
+        ``ideal_speedup``, ``efficiency``, ``mean_heads`` and the setting; at batch 1 also
+        ``static_latency_ms``, ``static_speedup``, ``static_efficiency`` (static speedup /
+        FLOP-ideal) and ``routing_share`` (routed speedup / static speedup); None at larger
+        batches, whose inputs have different counts that one slice cannot run.
     """
     model.eval()
     reference.eval()
     batch_size = int(batches[0][0].shape[0])
     lengths = [int(ids.shape[1]) for ids, _ in batches]
+    static = static_slice(model) if batch_size == 1 else None
+    full = static.heads_per_layer if static is not None else []
     rows = []
     for budget in budgets:
         per_batch = selected_heads(model, batches, budget)
@@ -83,10 +107,21 @@ def bench_per_input(
             for ids, mask in batches:
                 reference(ids, mask)
 
-        timed = measure_interleaved(
-            {"routed": routed, "dense": dense}, threads=cfg.threads, rounds=cfg.rounds, min_run_time=cfg.min_run_time
-        )
+        def sliced(counts: list[int] = [batch_heads[0] for batch_heads in per_batch]) -> None:  # noqa: B006 - bound per budget
+            for (ids, mask), k in zip(batches, counts):
+                static.set_active([min(k, n) for n in full])
+                static(ids, mask)
+
+        functions = {"routed": routed, "dense": dense}
+        if static is not None:
+            functions["static"] = sliced
+        try:
+            timed = measure_interleaved(functions, threads=cfg.threads, rounds=cfg.rounds, min_run_time=cfg.min_run_time)
+        finally:
+            if static is not None:
+                static.set_active(full)
         speedup = timed["dense"] / timed["routed"]
+        static_speedup = timed["dense"] / timed["static"] if static is not None else None
         rows.append({
             "method": method, "budget": 1.0 if budget is None else budget, "learned_budget": budget is None,
             "batch_size": batch_size, "seq_len": max(lengths), "mean_seq_len": sum(lengths) / len(lengths),
@@ -94,5 +129,8 @@ def bench_per_input(
             "latency_ms": timed["routed"], "dense_latency_ms": timed["dense"], "speedup": speedup,
             "ideal_speedup": ideal, "efficiency": speedup / ideal, "mean_heads": sum(heads) / len(heads),
             "cost": sum(heads) / (len(heads) * model.n_heads),
+            "static_latency_ms": timed.get("static"), "static_speedup": static_speedup,
+            "static_efficiency": None if static_speedup is None else static_speedup / ideal,
+            "routing_share": None if static_speedup is None else speedup / static_speedup,
         })
     return rows

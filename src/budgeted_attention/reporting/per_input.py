@@ -35,14 +35,16 @@ def speed_table(bench_by_seed: dict[str, dict[str, Any]]) -> str:
             key = (row["method"], _budget_label(row["budget"], row.get("learned_budget", False)), row["batch_size"], row["seq_len"])
             groups[key].append(row)
     lines = [
-        "| method | budget | batch | seq | seeds | mean heads | cost | speedup | FLOP-ideal | efficiency |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| method | budget | batch | seq | seeds | mean heads | cost | speedup | FLOP-ideal | efficiency | static slice | "
+        "static efficiency | routed / static |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (method, budget, batch, seq), rows in sorted(groups.items(), key=lambda item: (item[0][0], item[0][2], item[0][1])):
-        pick = lambda key: [float(r[key]) for r in rows]  # noqa: E731
+        pick = lambda key: [float(r[key]) for r in rows if r.get(key) is not None]  # noqa: E731
         lines.append(
             f"| {method} | {budget} | {batch} | {seq} | {len(rows)} | {_mean_std(pick('mean_heads'))} | {_mean_std(pick('cost'), 3)} | "
-            f"{_mean_std(pick('speedup'), 2, 'x')} | {_mean_std(pick('ideal_speedup'), 2, 'x')} | {_mean_std(pick('efficiency'))} |"
+            f"{_mean_std(pick('speedup'), 2, 'x')} | {_mean_std(pick('ideal_speedup'), 2, 'x')} | {_mean_std(pick('efficiency'))} | "
+            f"{_mean_std(pick('static_speedup'), 2, 'x')} | {_mean_std(pick('static_efficiency'))} | {_mean_std(pick('routing_share'))} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -108,7 +110,11 @@ def routed_markdown(data: dict[str, Any]) -> str:
         parts += [
             "Measured on validation inputs (each batch padded to its longest input; `seq` = the longest), interleaved with the plain dense reference "
             "(same weights and kernels, no router or gate code), 1 thread unless stated; FLOP-ideal = dense FLOPs over the "
-            "mean FLOPs of the heads the same inputs selected; efficiency = speedup / FLOP-ideal.",
+            "mean FLOPs of the heads the same inputs selected; efficiency = speedup / FLOP-ideal. Static slice (batch 1 "
+            "only): the same weights without the router, each input run with its own head count per layer as a prefix "
+            "of the stored heads, in the same interleaved rounds; the same FLOPs and no routing, so static efficiency is "
+            "what the framework keeps of the FLOP saving on a pass this small whoever picks the heads, and routed / static "
+            "is what the routing (router, head selection, gathered weights) keeps of it.",
             "",
             speed_table(data["bench"]),
         ]

@@ -1,0 +1,58 @@
+"""The per-input routing bench: rows per budget, FLOP-ideal from the selected heads, and at batch 1
+the static slice (the same head counts without the router) in the same rounds."""
+
+import pytest
+import torch
+
+from budgeted_attention.benchmark.config import BenchConfig
+from budgeted_attention.benchmark.per_input import bench_per_input, selected_heads, static_slice
+from budgeted_attention.model.router import RouterConfig
+from budgeted_attention.model.transformer import EncoderClassifier
+
+from conftest import tiny_config
+
+
+def _routed() -> EncoderClassifier:
+    torch.manual_seed(0)
+    model = EncoderClassifier(tiny_config())
+    router = model.attach_router(RouterConfig(mode="capped"))
+    with torch.no_grad():  # distinct counts per input
+        router.scorer.weight.normal_(std=2.0)
+        router.controller[2].weight.normal_(std=2.0)
+    return model.eval()
+
+
+def _batches(batch_size: int, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    return [(torch.randint(0, 29, (batch_size, 7), generator=generator), torch.ones(batch_size, 7, dtype=torch.long)) for _ in range(n)]
+
+
+def test_static_slice_runs_an_inputs_head_count_without_the_router():
+    model = _routed()
+    static = static_slice(model)
+    assert static.router is None and model.router is not None  # the routed model keeps its router
+    ids, mask = _batches(1)[0]
+    with torch.no_grad():
+        k = selected_heads(model, [(ids, mask)], 0.5)[0][0]
+        static.set_active([k] * static.n_layers)
+        sliced = static(ids, mask)
+        reference = model(ids, mask, gates=torch.tensor([[1.0] * k + [0.0] * (model.n_heads - k)] * model.n_layers))
+    assert torch.allclose(sliced, reference, atol=1e-5)  # the prefix of k stored heads, every layer
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_rows_time_the_static_slice_at_batch_one_only(batch_size):
+    model = _routed()
+    rows = bench_per_input(
+        model, model.plain_reference(), _batches(batch_size),
+        [0.5], BenchConfig(rounds=1, min_run_time=0.01), method="capped-routing",
+    )
+    (row,) = rows
+    assert row["batch_size"] == batch_size and 0 < row["cost"] <= 1 and row["ideal_speedup"] >= 1
+    if batch_size == 1:
+        assert row["static_latency_ms"] > 0
+        assert row["routing_share"] == pytest.approx(row["speedup"] / row["static_speedup"])
+        assert row["static_efficiency"] == pytest.approx(row["static_speedup"] / row["ideal_speedup"])
+    else:
+        assert row["static_latency_ms"] is None and row["routing_share"] is None
+    assert model.router is not None and model._active == model.heads_per_layer
