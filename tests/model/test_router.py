@@ -277,3 +277,40 @@ def test_one_input_decision_equals_the_batched_decision(seed, mode, ties):
         for i in range(4):
             assert torch.equal(router.decide(pooled[i : i + 1], budget)[0], batch[i])
             assert int(router.last_heads[0]) == int(batch_heads[i])
+
+
+def test_one_inputs_head_sets_are_the_rows_of_its_mask():
+    router = _routed("capped").router
+    pooled = torch.randn(1, router.scorer.in_features)
+    with torch.no_grad():
+        sets = router.decide_sets(pooled, 0.5)
+        mask = router.decide(pooled, 0.5)[0]
+    assert sets == [tuple(int(h) for h in row.nonzero().flatten()) for row in mask]
+    with pytest.raises(ValueError, match="one input in evaluation"):
+        router.decide_sets(torch.randn(2, router.scorer.in_features), 0.5)
+
+
+def test_one_input_on_a_reordered_layout_runs_the_heads_it_chose():
+    from budgeted_attention.pruning.selection import HeadRanking
+    from budgeted_attention.pruning.surgery import sort_heads
+
+    model = _routed("capped")
+    router = model.router
+    model.router = None
+    ranking = HeadRanking.from_scores(torch.randn(model.n_layers, model.n_heads, generator=torch.Generator().manual_seed(4)))
+    sorted_model = sort_heads(model, ranking)  # every head kept, each layer's heads permuted
+    sorted_model.router = router
+    model.router = router
+    assert sorted_model.head_ids != model.head_ids
+    ids, mask = _inputs()
+    with torch.no_grad():
+        for i in range(ids.shape[0]):
+            one = (ids[i : i + 1], mask[i : i + 1])
+            assert torch.allclose(sorted_model(*one, budget=0.5), model(*one, budget=0.5), atol=1e-5)
+
+
+def test_pooling_without_a_mask_has_the_bits_of_an_all_ones_mask():
+    embedding = torch.nn.Embedding(50, 16)
+    ids = torch.randint(0, 50, (1, 13))
+    with torch.no_grad():
+        assert torch.equal(pooled_embeddings(embedding, ids, None), pooled_embeddings(embedding, ids, torch.ones_like(ids)))

@@ -331,6 +331,9 @@ class GatedBertClassifier(GatedModel):
         try:  # the per-forward selections are cleared in `finally`, also when setting them fails
             for layer, (attention, dense) in enumerate(zip(self.attentions, self.output_denses)):
                 layer_gates = None if head_gates is None else head_gates[layer]
+                if isinstance(layer_gates, tuple):  # one input's head set (HeadSets): gather, compute it only
+                    attention.select_heads(layer_gates, dense)
+                    continue
                 if layer_gates is not None and layer_gates.dtype == torch.bool:
                     patterns = layer_gates if layer_gates.shape[0] == 1 else torch.unique(layer_gates, dim=0)
                     if patterns.shape[0] == 1:  # one head set for the whole batch: gather, compute it only

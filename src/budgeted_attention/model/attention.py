@@ -82,11 +82,14 @@ class GatedSelfAttention(nn.Module):
             head_gates: None (no gating: the fast dense path); float gate values of the heads this
                 forward pass runs, (active_heads,) or per input (batch, active_heads); or a boolean
                 (batch, active_heads) selection per input: only the selected heads are computed
-                (inputs grouped by head set), as a per-input router's hard decision.
+                (inputs grouped by head set), as a per-input router's hard decision; or a tuple of
+                physical head positions, ascending: the one head set the whole batch runs.
 
         Returns:
             (batch, seq, d_model) attention output, before the residual add.
         """
+        if isinstance(head_gates, tuple):
+            return self._forward_set(x, attn_mask, head_gates)
         if head_gates is not None and head_gates.dtype == torch.bool:
             return self._forward_selected(x, attn_mask, head_gates)
         n = self.active_heads
@@ -198,9 +201,13 @@ class GatedSelfAttention(nn.Module):
         autograd, the gathered weights of a head set come from a cache."""
         if torch.is_grad_enabled():
             return self._forward_heads(x, attn_mask, pattern.nonzero().flatten())
-        heads = tuple(i for i, on in enumerate(pattern.tolist()) if on)
+        return self._forward_set(x, attn_mask, tuple(i for i, on in enumerate(pattern.tolist()) if on))
+
+    def _forward_set(self, x: torch.Tensor, attn_mask: torch.Tensor | None, heads: tuple[int, ...]) -> torch.Tensor:
+        """Attention of the physical heads ``heads`` (ascending positions) only; without autograd
+        their gathered weights come from a cache per set."""
         n = len(heads)
-        if n == 0 or n == self.n_heads:
+        if torch.is_grad_enabled() or n == 0 or n == self.n_heads:
             return self._forward_heads(x, attn_mask, torch.tensor(heads, dtype=torch.long, device=x.device))
         weights = self._gathered.get(
             heads, (self.qkv_weight, self.qkv_bias, self.out_weight_t),

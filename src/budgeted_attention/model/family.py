@@ -28,7 +28,7 @@ from torch import nn
 
 from budgeted_attention.budget import validate_budget
 from budgeted_attention.model.cost import CostModel
-from budgeted_attention.model.gates import BudgetGates, UnitGates, as_unit_gates
+from budgeted_attention.model.gates import BudgetGates, HeadSets, UnitGates, as_unit_gates
 from budgeted_attention.model.router import HeadRouter, RouterConfig, pooled_embeddings
 
 
@@ -88,6 +88,7 @@ class GatedModel(nn.Module):
         self.head_ids = validate_head_ids(head_ids, n_layers, n_heads) if head_ids else identity_head_ids(n_layers, n_heads)
         self._active = [len(h) for h in self.head_ids]
         self._gate_index: list[torch.Tensor] | None = None
+        self._position_of: list[dict[int, int]] | None = None  # per layer, head id -> physical position
         self.group_size = int(group_size)
         self.n_groups = 0
         self.ffn_gates: BudgetGates | None = None
@@ -200,6 +201,8 @@ class GatedModel(nn.Module):
             (head gates, FFN group gates): each None (ungated) or one tensor per layer of shape
             (active heads,) / (active groups,).
         """
+        if isinstance(gates, HeadSets):
+            return self._set_positions(gates), None
         explicit = as_unit_gates(gates)
         if explicit is not None:
             self._check_gates(explicit)
@@ -221,6 +224,17 @@ class GatedModel(nn.Module):
         heads = self._reindex(resolved.heads, self._gate_index, self._identity)
         ffn = None if resolved.ffn is None else self._reindex(resolved.ffn, self._group_index, self._group_identity)
         return heads, ffn
+
+    def _set_positions(self, selection: HeadSets) -> list[tuple[int, ...]]:
+        """Per layer, the physical positions (ascending) of the head ids in ``selection``."""
+        if len(selection.sets) != self.n_layers:
+            raise ValueError(f"head sets must give one set per layer ({self.n_layers}), got {len(selection.sets)}")
+        if self._position_of is None:
+            self._position_of = [{head: pos for pos, head in enumerate(ids)} for ids in self.active_head_ids()]
+        try:
+            return [tuple(sorted(where[h] for h in heads)) for where, heads in zip(self._position_of, selection.sets)]
+        except KeyError as exc:
+            raise ValueError(f"head set names head {exc.args[0]}, which this model does not run") from None
 
     @staticmethod
     def _reindex(matrix: torch.Tensor, index: list[torch.Tensor], identity: bool) -> list[torch.Tensor]:
@@ -275,11 +289,11 @@ class GatedModel(nn.Module):
         attention_mask: torch.Tensor | None,
         budget: float | None,
         gates: torch.Tensor | UnitGates | None,
-    ) -> tuple[float | None, torch.Tensor | UnitGates | None]:
+    ) -> tuple[float | None, torch.Tensor | UnitGates | HeadSets | None]:
         """The (budget, gates) a family's forward pass uses: unchanged without a router or with
         explicit gates; otherwise the router's per-input gates (batch, n_layers, n_heads) (boolean in
-        eval mode: only the selected heads are computed) and no budget. A capped router at b = 1
-        is the dense model."""
+        eval mode: only the selected heads are computed) and no budget; for one input in eval
+        mode, its :class:`HeadSets`. A capped router at b = 1 is the dense model."""
         if self.router is None or gates is not None:
             return budget, gates
         if self.is_pruned or self._active != self.heads_per_layer:
@@ -287,6 +301,8 @@ class GatedModel(nn.Module):
         if self.router.cfg.mode == "capped" and (budget is None or validate_budget(budget) == 1.0):
             return None, None
         pooled = pooled_embeddings(self.input_embedding(), input_ids, attention_mask)
+        if input_ids.shape[0] == 1 and not self.router.training:
+            return None, HeadSets(tuple(self.router.decide_sets(pooled, budget)))
         return None, self.router.decide(pooled, budget)
 
     def input_embedding(self) -> nn.Embedding:  # pragma: no cover - abstract
@@ -331,7 +347,7 @@ class GatedModel(nn.Module):
             self._physical_keep_ffn(group_positions)
             self.group_ids = [[int(g) for g in layer] for layer in groups]  # type: ignore[union-attr]
             self._active_groups = [len(g) for g in self.group_ids]
-        self._gate_index = None
+        self._gate_index = self._position_of = None
         self._after_surgery()
 
     def keep_heads(self, kept: list[list[int]]) -> None:
@@ -351,7 +367,7 @@ class GatedModel(nn.Module):
         if group_counts is not None:
             self._set_active_ffn(list(group_counts))
             self._active_groups = list(group_counts)
-        self._gate_index = None
+        self._gate_index = self._position_of = None
 
     def _check_counts(self, counts: list[int], present: list[int], what: str) -> None:
         if len(counts) != self.n_layers:

@@ -94,6 +94,16 @@ class UnitGates:
         return UnitGates(fn(self.heads), None if self.ffn is None else fn(self.ffn))
 
 
+@dataclass(frozen=True)
+class HeadSets:
+    """One head set per layer for a whole batch (a per-input router's decision for one input):
+    ``sets[l]`` holds the head ids layer l runs. The forward pass computes those heads only, from
+    weights gathered once per set; no mask tensor is built (at batch 1 its small ops cost more
+    than the decision)."""
+
+    sets: tuple[tuple[int, ...], ...]
+
+
 def as_unit_gates(gates: torch.Tensor | UnitGates | None) -> UnitGates | None:
     """A bare (n_layers, n_heads) tensor means head gates with the FFN ungated."""
     if gates is None or isinstance(gates, UnitGates):

@@ -40,6 +40,7 @@ saving is real, not masked.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -281,26 +282,39 @@ class HeadRouter(nn.Module):
         return _StraightThrough.apply(self._top_k(noisy, k).to(soft.dtype), soft)
 
     def _decide_one(self, pooled: torch.Tensor, budget: float | None, offset: float | None) -> torch.Tensor:
-        """:meth:`decide` for one input in evaluation, (1, n_layers, n_heads) bool: the same
-        decision (fraction, k = ceil(s * H), top-k with ties to the lower index), with the
-        arithmetic on the n_layers * n_heads + 1 numbers done in Python. At batch 1 each tensor op
-        costs microseconds of dispatch, and the router's dozen small ops were a tenth of a small
-        model's forward pass."""
+        """:meth:`decide` for one input in evaluation, (1, n_layers, n_heads) bool (from :meth:`decide_sets`)."""
+        mask = torch.zeros(1, self.n_layers, self.n_heads, dtype=torch.bool)
+        for layer, heads in enumerate(self.decide_sets(pooled, budget, offset)):
+            mask[0, layer, list(heads)] = True
+        return mask.to(pooled.device)
+
+    def decide_sets(self, pooled: torch.Tensor, budget: float | None, offset: float | None = None) -> list[tuple[int, ...]]:
+        """One input's decision in evaluation as the head ids each layer runs, ascending: the same
+        decision as :meth:`decide` (fraction, k = ceil(s * H), top-k with ties to the lower index),
+        with the arithmetic on the n_layers * n_heads + 1 numbers done in Python. At batch 1 each
+        tensor op costs microseconds of dispatch, and the router's dozen small ops and a mask
+        tensor per layer were a tenth of a small model's forward pass.
+
+        Args:
+            pooled: (1, d_model) pooled features of one input.
+        """
+        if pooled.shape[0] != 1 or self.training:
+            raise ValueError(f"decide_sets is for one input in evaluation, got a batch of {pooled.shape[0]} (training={self.training})")
         s_tensor = self.fraction(pooled, budget, offset)
-        scores = self.scorer(pooled)
+        scores = F.linear(pooled, self.scorer.weight, self.scorer.bias)
         # s * H - 1e-6 in float32 as in heads_for: in double precision the ceiling can differ
         # for an input on a count boundary (calibration puts some validation input near one).
         count, *flat = torch.cat([(s_tensor * self.n_heads - 1e-6).view(1), scores.view(-1)]).tolist()
         if not math.isfinite(count):
             raise ValueError("the head router produced a non-finite head fraction (diverged training?)")
         k = min(max(math.ceil(count), 1), self.n_heads)
-        mask = [[False] * self.n_heads for _ in range(self.n_layers)]
-        for layer, row in enumerate(mask):
+        sets = []
+        for layer in range(self.n_layers):
             layer_scores = flat[layer * self.n_heads : (layer + 1) * self.n_heads]
-            for head in sorted(range(self.n_heads), key=lambda h: -layer_scores[h])[:k]:  # stable: ties to the lower index
-                row[head] = True
+            # sorted() is stable: ties go to the lower index, as in the batched top-k
+            sets.append(tuple(sorted(sorted(range(self.n_heads), key=lambda h: -layer_scores[h])[:k])))
         self.last_fraction, self.last_heads = s_tensor.detach(), torch.tensor([k])
-        return torch.tensor([mask], dtype=torch.bool, device=pooled.device)
+        return sets
 
     def _soft_top_k(self, scores: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         """Differentiable top-k gates, (batch, n_layers, n_heads) in (0, 1).
@@ -396,7 +410,13 @@ def _interpolate(table: dict[float, float], budget: float, default: float) -> fl
     """A per-budget value, linear in logit(b) between the budgets of ``table`` and held beyond them."""
     if not table:
         return default
-    points = sorted((_logit(min(b, 1 - 1e-6)), v) for b, v in table.items())
+    return _interpolate_points(tuple(table.items()), budget)
+
+
+@functools.lru_cache(maxsize=256)
+def _interpolate_points(items: tuple[tuple[float, float], ...], budget: float) -> float:
+    """:func:`_interpolate` of a table given as its items (cached: every batch-1 decision asks it twice)."""
+    points = sorted((_logit(min(b, 1 - 1e-6)), v) for b, v in items)
     x = _logit(min(budget, 1 - 1e-6))
     if x <= points[0][0]:
         return points[0][1]
@@ -409,7 +429,7 @@ def _interpolate(table: dict[float, float], budget: float, default: float) -> fl
 def pooled_embeddings(embedding: nn.Embedding, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """Mean of the token embeddings over real tokens: (batch, seq) -> (batch, d_model)."""
     x = embedding(input_ids)
-    if attention_mask is None:
-        return x.mean(dim=1)
+    if attention_mask is None:  # sum / T as below, not mean(): the same bits as an all-ones mask
+        return x.sum(dim=1) / x.shape[1]
     weights = attention_mask.to(x.dtype).unsqueeze(-1)
     return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)

@@ -297,7 +297,8 @@ class EncoderClassifier(BlockStack):
         sdpa_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             sdpa_mask = attention_mask.bool().view(batch, 1, 1, seq)
-        budget, gates = self.routed_gates(input_ids, attention_mask, budget, gates)
+        # Without padding the router pools without the mask's ops (the same numbers).
+        budget, gates = self.routed_gates(input_ids, None if sdpa_mask is None else attention_mask, budget, gates)
         x = self._hidden_states(input_ids, token_type_ids, sdpa_mask, budget, gates)
         return self.classifier(self.pool(x, attention_mask))
 
