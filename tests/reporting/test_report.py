@@ -43,8 +43,9 @@ def make_experiment_run(root: Path) -> Path:
     (run / "units" / "seed0").mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump({"name": "bbc_short", "seeds": [0]}))
     invocations = [
-        {"command": ["/venv/bin/baa", "experiment", "configs/bbc_short.yaml"], "started": "2025-01-02T10:00:00+0000"},
-        {"command": ["/venv/bin/baa", "experiment", "configs/bbc_short.yaml", "--set", "note=a b"], "started": "2025-01-03T09:00:00+0000"},
+        {"command": ["/venv/bin/baa", "experiment", "configs/bbc_short.yaml"], "started": "2025-01-02T10:00:00+0000", "commit": "aaa", "dirty": False},
+        {"command": ["/venv/bin/baa", "experiment", "configs/bbc_short.yaml", "--set", "note=a b"], "started": "2025-01-03T09:00:00+0000",
+         "commit": "bbb", "dirty": True},
     ]
     (run / "run_info.json").write_text(json.dumps({"seeds": [0], "environment": _env(commit=COMMIT, dirty=True), "invocations": invocations}))
     rows = [
@@ -114,6 +115,7 @@ def test_report_from_run_dirs(tmp_path):
     assert f"commit `{COMMIT}` (dirty" in bbc and "2025-01-02T10:00:00+0000" in bbc
     assert "x86_64, 2 CPUs, Python 3.11.7, torch 2.13.0+cpu" in bbc
     assert "123 s of compute over 2 finished unit(s)" in bbc
+    assert "Invocations ran at commits `aaa`, `bbb` (dirty)" in bbc  # a resumed run names each invocation's code
     assert "| budgeted | 0.30 | 1 | 3,000 | 93.00 ± 0.00 | 95.00 ± 0.00 | ~0.280 |" in bbc
     assert "vs transformers" in bbc and "1.21x" in bbc
     # headline: chosen by validation (b=0.3, test 95 %), not by test (b=0.2, test 99 %)
