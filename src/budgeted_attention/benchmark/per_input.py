@@ -9,7 +9,8 @@ efficiency = measured / ideal, so router overhead and grouping show as lost effi
 
 At batch 1 a third model runs in the same interleaved rounds: the *static slice*, the same weights
 without the router, each input run with its own head count per layer as a prefix of the stored
-heads (instant switching, :meth:`~budgeted_attention.model.family.GatedModel.set_active`). It does
+heads (instant switching, :meth:`~budgeted_attention.model.family.GatedModel.set_active`, whose
+few microseconds per input are timed with it). It does
 the same FLOPs as the routed pass and none of the routing, so it splits the lost efficiency in two:
 what the framework loses on a small pass whatever picks the heads (static speedup / FLOP-ideal),
 and what the routing itself costs (routed / static speedup).
