@@ -26,6 +26,7 @@ import asyncio
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -140,10 +141,12 @@ def plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(2, len(arrivals), figsize=(5 * len(arrivals), 7), squeeze=False)
     for column, name in enumerate(arrivals):
         for mode in MODES:
-            trials = sorted((t for t in result["trials"] if t["arrivals"] == name and t["mode"] == mode), key=lambda t: t["load"])
-            loads = [t["load"] for t in trials]
-            axes[0][column].plot(loads, [100 * t["summary"]["slo_attainment"] for t in trials], marker="o", label=mode)
-            axes[1][column].plot(loads, [100 * t["summary"]["effective_accuracy"] for t in trials], marker="o", label=mode)
+            trials = [t for t in result["trials"] if t["arrivals"] == name and t["mode"] == mode]
+            loads = sorted({t["load"] for t in trials})
+            for row, key in enumerate(("slo_attainment", "effective_accuracy")):  # mean over repeats, each repeat a dot
+                means = [100 * statistics.fmean(t["summary"][key] for t in trials if t["load"] == load) for load in loads]
+                line, = axes[row][column].plot(loads, means, marker="o", label=mode)
+                axes[row][column].scatter([t["load"] for t in trials], [100 * t["summary"][key] for t in trials], s=10, color=line.get_color(), alpha=0.5)
         axes[0][column].set_title(f"{name} arrivals")
         axes[0][column].set_ylabel("SLO attainment %")
         axes[1][column].set_ylabel("effective accuracy %")
@@ -199,20 +202,24 @@ async def run(args) -> dict:
             deadline = percentile([r.latency_ms for r in records if r.status == 200], 95)
             result["deadline_ms"] = deadline
             print(f"deadline (p95 of b=1 at 0.5x) {deadline:.1f} ms", flush=True)
+            # Repeats interleave the modes (mode inside repeat) so that a slow spell of the machine
+            # does not fall on one mode's trials only.
             for arrivals in args.arrivals:
                 for load in args.loads:
-                    for mode in args.modes:
-                        await asyncio.sleep(1.0)  # let the previous trial's queue drain
-                        records, peak = await trial(client, url, server.pid, examples, mode, arrivals, load * capacity, args.trial_seconds,
-                                                    args.max_requests, deadline, args.slo_fraction, args.seed + int(load * 100))
-                        summary = summarise(records, deadline, args.trial_seconds)
-                        entry = {"arrivals": arrivals, "load": load, "mode": mode, "summary": summary, "peak_rss_mib": peak}
-                        if args.keep_records:
-                            entry["records"] = records_as_dicts(records)
-                        result["trials"].append(entry)
-                        print(f"{arrivals} {load:g}x {mode}: attainment {summary['slo_attainment']:.3f}, effective acc. "
-                              f"{summary['effective_accuracy']:.3f}, p95 {summary['p95_ms']}, shed {summary['shed']}, "
-                              f"5xx {summary['server_errors']}, mean budget {summary['mean_budget']}", flush=True)
+                    for repeat in range(args.repeats):
+                        for mode in args.modes:
+                            await asyncio.sleep(1.0)  # let the previous trial's queue drain
+                            seed = args.seed + int(load * 100) + 1000 * repeat
+                            records, peak = await trial(client, url, server.pid, examples, mode, arrivals, load * capacity, args.trial_seconds,
+                                                        args.max_requests, deadline, args.slo_fraction, seed)
+                            summary = summarise(records, deadline, args.trial_seconds)
+                            entry = {"arrivals": arrivals, "load": load, "mode": mode, "repeat": repeat, "summary": summary, "peak_rss_mib": peak}
+                            if args.keep_records:
+                                entry["records"] = records_as_dicts(records)
+                            result["trials"].append(entry)
+                            print(f"{arrivals} {load:g}x {mode} (repeat {repeat}): attainment {summary['slo_attainment']:.3f}, effective acc. "
+                                  f"{summary['effective_accuracy']:.3f}, p95 {summary['p95_ms']}, shed {summary['shed']}, "
+                                  f"5xx {summary['server_errors']}, mean budget {summary['mean_budget']}", flush=True)
         if args.fuzz_examples:
             result["fuzz"] = fuzz(base, args.fuzz_examples)
             print(f"fuzz: {result['fuzz']}", flush=True)
@@ -245,9 +252,13 @@ def main() -> None:
     parser.add_argument("--slo-fraction", type=float, default=0.85, help="SLO-mode requests ask for this fraction of the deadline")
     parser.add_argument("--fuzz-examples", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="trials per (arrivals, load, mode), each with its own arrival seed; the report gives mean ± std (timing on a shared machine is noisy)")
     parser.add_argument("--keep-records", action="store_true", help="store every request (send time, latency, status, budget, queue ms) in serve_load.json")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="server setting, passed to baa serve --set")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     args.loads = [float(x) for x in args.loads.split(",")]
     args.capacity_budgets = [float(x) for x in args.capacity_budgets.split(",") if x and float(x) != 1.0]  # b = 1 is the dense capacity
     args.arrivals = [a for a in args.arrivals.split(",") if a]

@@ -60,3 +60,17 @@ def test_summary_scores_every_request_against_the_deadline():
     assert (s["shed"], s["server_errors"], s["no_response"]) == (1, 1, 1)
     assert s["mean_budget"] == pytest.approx(2.5 / 3) and s["budget_counts"] == {"0.5": 1, "1": 2}
     assert s["throughput_rps"] == pytest.approx(3 / 1.0)  # the last answer came at 0.7 s, inside the 1 s window
+
+
+def test_repeated_trials_get_a_mean_std_and_min_table():
+    def summary(attainment: float) -> dict:
+        return {"requests": 10, "throughput_rps": 1.0, "p50_ms": 1.0, "p95_ms": 1.0, "p99_ms": 1.0, "slo_attainment": attainment,
+                "effective_accuracy": attainment - 0.1, "accuracy_answered": 1.0, "shed": 0, "server_errors": 0, "no_response": 0,
+                "mean_budget": 0.5}
+
+    trials = [{"arrivals": "bursty", "load": 1.5, "mode": "slo", "repeat": r, "summary": summary(a)} for r, a in enumerate((0.99, 0.95))]
+    text = serve_load_markdown({"setting": {}, "capacity_rps": 100.0, "deadline_ms": 50.0, "trials": trials})
+    assert "| bursty | 1.5x | slo | 1 | 10 |" in text  # each repeat is a row
+    assert "| bursty | 1.5x | slo | 2 | 97.0 ± 2.8 | 95.0 | 87.0 ± 2.8 | 85.0 | 0 |" in text
+    single = serve_load_markdown({"setting": {}, "capacity_rps": 100.0, "deadline_ms": 50.0, "trials": trials[:1]})
+    assert "Over the repeats" not in single
