@@ -314,3 +314,24 @@ def test_pooling_without_a_mask_has_the_bits_of_an_all_ones_mask():
     ids = torch.randint(0, 50, (1, 13))
     with torch.no_grad():
         assert torch.equal(pooled_embeddings(embedding, ids, None), pooled_embeddings(embedding, ids, torch.ones_like(ids)))
+
+
+@pytest.mark.parametrize("mode", ["capped", "learned"])
+def test_one_input_takes_the_head_set_path_not_the_mask_path(mode, monkeypatch):
+    from budgeted_attention.model.attention import GatedSelfAttention
+
+    model = _routed(mode)
+    budget = 0.5 if mode == "capped" else None
+    ids, mask = _inputs()
+    with torch.no_grad():
+        batch = model(ids, mask, budget=budget)  # grouped per head set (the mask path)
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("one input must not build a per-layer mask")
+
+    monkeypatch.setattr(GatedSelfAttention, "_forward_selected", refuse)
+    for i in range(ids.shape[0]):
+        one = (ids[i : i + 1], mask[i : i + 1])
+        with torch.no_grad():
+            assert torch.allclose(model(*one, budget=budget), batch[i : i + 1], atol=1e-5)
+        assert torch.allclose(model(*one, budget=budget), batch[i : i + 1], atol=1e-5)  # autograd on, eval mode

@@ -51,3 +51,10 @@ def test_spread_table_counts_the_validation_choices_and_means_the_scores():
     assert "| capped-routing | 0.5 | 2 | 0 (1), 1 (1) | 0: 91.00 ± 1.41; 0.5: 91.00 ± 0.00; 1: 91.00 ± 1.41 |" in table
     assert "Spread of the difficulty allocation" in routed_markdown({"spread": {"capped-routing": {"0": seed0}}})
     assert "Spread" not in routed_markdown({"spread": {"budgetformer": {"0": {}}}})
+
+
+def test_static_columns_count_their_seeds_when_fewer_than_the_rows():
+    old, new = _bench(1.0), _bench(1.0)
+    new["rows"][0].update(static_speedup=1.2, static_efficiency=0.96, routing_share=0.8)
+    table = speed_table({"0": old, "1": new})
+    assert "| 1.20x (1 seeds) | 0.96 (1 seeds) | 0.80 (1 seeds) |" in table

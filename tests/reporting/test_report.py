@@ -225,3 +225,13 @@ def test_environment_info_records_provenance_and_never_fails(tmp_path, monkeypat
     assert source_provenance(untracked) == {"commit": None, "dirty": None}
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # git missing
     assert source_provenance(pkg) == {"commit": None, "dirty": None}
+
+
+def test_an_invocation_without_a_recorded_commit_is_named_as_such():
+    from budgeted_attention.reporting.report import _environment_lines
+
+    info = {"environment": {"commit": "bbb", "dirty": False},
+            "invocations": [{"command": ["baa"], "started": "2025-01-01"}, {"command": ["baa"], "started": "2025-01-02", "commit": "bbb"}]}
+    assert "- Invocations ran at commits not recorded, `bbb` (in order; the line above is the latest)" in _environment_lines(info)
+    same = {"environment": {"commit": "bbb"}, "invocations": [{"commit": "bbb"}, {"commit": "bbb"}]}
+    assert not any("Invocations ran" in line for line in _environment_lines(same))

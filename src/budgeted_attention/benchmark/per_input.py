@@ -19,6 +19,7 @@ and what the routing itself costs (routed / static speedup).
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import torch
@@ -62,6 +63,14 @@ def static_slice(model: GatedModel) -> GatedModel:
     return static.eval()
 
 
+def _run_sliced(static: GatedModel, batches: Batches, counts: list[int]) -> None:
+    """The static slice over one-input ``batches``: input i with ``counts[i]`` heads in every layer."""
+    full = static.heads_per_layer
+    for (ids, mask), k in zip(batches, counts):
+        static.set_active([min(k, n) for n in full])
+        static(ids, mask)
+
+
 def bench_per_input(
     model: GatedModel,
     reference: nn.Module,
@@ -93,7 +102,6 @@ def bench_per_input(
     batch_size = int(batches[0][0].shape[0])
     lengths = [int(ids.shape[1]) for ids, _ in batches]
     static = static_slice(model) if batch_size == 1 else None
-    full = static.heads_per_layer if static is not None else []
     rows = []
     for budget in budgets:
         per_batch = selected_heads(model, batches, budget)
@@ -108,19 +116,10 @@ def bench_per_input(
             for ids, mask in batches:
                 reference(ids, mask)
 
-        def sliced(counts: list[int] = [batch_heads[0] for batch_heads in per_batch]) -> None:  # noqa: B006 - bound per budget
-            for (ids, mask), k in zip(batches, counts):
-                static.set_active([min(k, n) for n in full])
-                static(ids, mask)
-
         functions = {"routed": routed, "dense": dense}
         if static is not None:
-            functions["static"] = sliced
-        try:
-            timed = measure_interleaved(functions, threads=cfg.threads, rounds=cfg.rounds, min_run_time=cfg.min_run_time)
-        finally:
-            if static is not None:
-                static.set_active(full)
+            functions["static"] = functools.partial(_run_sliced, static, batches, [batch_heads[0] for batch_heads in per_batch])
+        timed = measure_interleaved(functions, threads=cfg.threads, rounds=cfg.rounds, min_run_time=cfg.min_run_time)
         speedup = timed["dense"] / timed["routed"]
         static_speedup = timed["dense"] / timed["static"] if static is not None else None
         rows.append({

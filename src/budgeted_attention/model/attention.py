@@ -72,7 +72,7 @@ class GatedSelfAttention(nn.Module):
         self,
         x: torch.Tensor,
         attn_mask: torch.Tensor | None = None,
-        head_gates: torch.Tensor | None = None,
+        head_gates: torch.Tensor | tuple[int, ...] | None = None,
     ) -> torch.Tensor:
         """Attend over ``x``.
 

@@ -188,18 +188,20 @@ class GatedModel(nn.Module):
                 raise ValueError(f"FFN gates must have the full-grid shape ({self.n_layers}, {self.n_groups}), got {tuple(gates.ffn.shape)}")
 
     def layer_unit_gates(
-        self, budget: float | None = None, gates: torch.Tensor | UnitGates | None = None
-    ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
+        self, budget: float | None = None, gates: torch.Tensor | UnitGates | HeadSets | None = None
+    ) -> tuple[list[torch.Tensor] | list[tuple[int, ...]] | None, list[torch.Tensor] | None]:
         """Per layer, the gates of the active physical heads and FFN groups (re-indexed).
 
         Args:
             budget: budget in (0, 1]; b = 1 is the ungated dense path.
             gates: explicit full-grid gates (overrides ``budget``): a (n_layers, n_heads) tensor
-                (heads only, FFN ungated) or :class:`UnitGates`.
+                (heads only, FFN ungated) or :class:`UnitGates`; or :class:`HeadSets` (one head set
+                per layer for the whole batch).
 
         Returns:
             (head gates, FFN group gates): each None (ungated) or one tensor per layer of shape
-            (active heads,) / (active groups,).
+            (active heads,) / (active groups,); for :class:`HeadSets`, per layer the physical
+            positions of its heads (a tuple) and no FFN gates.
         """
         if isinstance(gates, HeadSets):
             return self._set_positions(gates), None
@@ -231,6 +233,8 @@ class GatedModel(nn.Module):
             raise ValueError(f"head sets must give one set per layer ({self.n_layers}), got {len(selection.sets)}")
         if self._position_of is None:
             self._position_of = [{head: pos for pos, head in enumerate(ids)} for ids in self.active_head_ids()]
+        if any(len(set(heads)) != len(heads) for heads in selection.sets):
+            raise ValueError(f"head sets must not repeat a head, got {selection.sets}")
         try:
             return [tuple(sorted(where[h] for h in heads)) for where, heads in zip(self._position_of, selection.sets)]
         except KeyError as exc:

@@ -283,10 +283,8 @@ class HeadRouter(nn.Module):
 
     def _decide_one(self, pooled: torch.Tensor, budget: float | None, offset: float | None) -> torch.Tensor:
         """:meth:`decide` for one input in evaluation, (1, n_layers, n_heads) bool (from :meth:`decide_sets`)."""
-        mask = torch.zeros(1, self.n_layers, self.n_heads, dtype=torch.bool)
-        for layer, heads in enumerate(self.decide_sets(pooled, budget, offset)):
-            mask[0, layer, list(heads)] = True
-        return mask.to(pooled.device)
+        sets = self.decide_sets(pooled, budget, offset)
+        return torch.tensor([[[h in heads for h in range(self.n_heads)] for heads in sets]], dtype=torch.bool, device=pooled.device)
 
     def decide_sets(self, pooled: torch.Tensor, budget: float | None, offset: float | None = None) -> list[tuple[int, ...]]:
         """One input's decision in evaluation as the head ids each layer runs, ascending: the same
@@ -429,7 +427,8 @@ def _interpolate_points(items: tuple[tuple[float, float], ...], budget: float) -
 def pooled_embeddings(embedding: nn.Embedding, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """Mean of the token embeddings over real tokens: (batch, seq) -> (batch, d_model)."""
     x = embedding(input_ids)
-    if attention_mask is None:  # sum / T as below, not mean(): the same bits as an all-ones mask
-        return x.sum(dim=1) / x.shape[1]
+    if attention_mask is None:  # sum / T by a tensor as below (not mean(), not a Python divisor, which
+        # CUDA turns into a multiply by the reciprocal): the same bits as an all-ones mask
+        return x.sum(dim=1) / x.new_full((1, 1), float(x.shape[1]))
     weights = attention_mask.to(x.dtype).unsqueeze(-1)
     return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)

@@ -40,13 +40,21 @@ def speed_table(bench_by_seed: dict[str, dict[str, Any]]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (method, budget, batch, seq), rows in sorted(groups.items(), key=lambda item: (item[0][0], item[0][2], item[0][1])):
-        pick = lambda key: [float(r[key]) for r in rows if r.get(key) is not None]  # noqa: E731
+        pick = lambda key: [float(r[key]) for r in rows]  # noqa: E731
         lines.append(
             f"| {method} | {budget} | {batch} | {seq} | {len(rows)} | {_mean_std(pick('mean_heads'))} | {_mean_std(pick('cost'), 3)} | "
             f"{_mean_std(pick('speedup'), 2, 'x')} | {_mean_std(pick('ideal_speedup'), 2, 'x')} | {_mean_std(pick('efficiency'))} | "
-            f"{_mean_std(pick('static_speedup'), 2, 'x')} | {_mean_std(pick('static_efficiency'))} | {_mean_std(pick('routing_share'))} |"
+            f"{_static_cell(rows, 'static_speedup', 'x')} | {_static_cell(rows, 'static_efficiency')} | {_static_cell(rows, 'routing_share')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _static_cell(rows: list[dict[str, Any]], key: str, suffix: str = "") -> str:
+    """A static-slice column: timed at batch 1 only and absent from older records, so its seed
+    count is given when it differs from the row's."""
+    values = [float(r[key]) for r in rows if r.get(key) is not None]
+    cell = _mean_std(values, 2, suffix)
+    return f"{cell} ({len(values)} seeds)" if values and len(values) < len(rows) else cell
 
 
 def difficulty_table(difficulty: dict[str, dict[str, dict[str, Any]]]) -> str:

@@ -164,8 +164,10 @@ def _environment_lines(info: dict[str, Any]) -> list[str]:
         lines.append(f"- Code: commit `{commit}`{flag}")
     else:
         lines.append("- Code: commit not recorded")
-    per_invocation = [f"`{str(i['commit'])[:12]}`" + (" (dirty)" if i.get("dirty") else "") for i in invocations if i.get("commit")]
-    if len(set(per_invocation)) > 1:  # a resumed run whose units came from different code
+    per_invocation = [
+        (f"`{str(i['commit'])[:12]}`" + (" (dirty)" if i.get("dirty") else "")) if i.get("commit") else "not recorded" for i in invocations
+    ]
+    if len(set(per_invocation)) > 1 and any(i.get("commit") for i in invocations):  # units from different (or unknown) code
         lines.append("- Invocations ran at commits " + ", ".join(per_invocation) + " (in order; the line above is the latest)")
     started = [str(i["started"]) for i in invocations if i.get("started")]
     if started:
