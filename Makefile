@@ -51,7 +51,7 @@ results: $(STAMP)
 	$(BIN)/baa bench --no-progress runs/d256_all --compile --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --threads 1 --rounds 5 --min-run-time 0.2 --json runs/d256_all/bench_compile.json
 	$(BIN)/python benchmarks/serve_load.py runs/minilm_bbc_short_all --out runs/serve_load_minilm --trial-seconds 20 --fuzz-examples 300
 	$(BIN)/python benchmarks/serve_load.py runs/minilm_bbc_short_all --out runs/serve_load_minilm_floor01 --trial-seconds 20 --loads 1.5,2 \
-		--arrivals bursty,poisson --modes slo --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 --capacity-budgets 0.5,0.25,0.1
+		--arrivals bursty,poisson --modes slo --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 --capacity-budgets 0.5,0.25,0.1 --repeats 3
 	$(BIN)/baa report runs/demo runs/d256 runs/bbc_short runs/minilm_bbc_short runs/demo_all runs/d256_all runs/bbc_short_all runs/minilm_bbc_short_all \
 		runs/tiny_lm_bayesian runs/tiny_lm_prior_free runs/tiny_lm_softmax runs/meta_long runs/lm_san_compare runs/lm_san_compare_long runs/lm_san runs/lm_char \
 		runs/routing_bbc_short runs/routing_demo runs/routing_minilm_bbc_short runs/serve_load_minilm runs/serve_load_minilm_floor01 --out docs/results.md
