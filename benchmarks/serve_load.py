@@ -142,6 +142,8 @@ def plot(result: dict, path: Path) -> None:
     for column, name in enumerate(arrivals):
         for mode in MODES:
             trials = [t for t in result["trials"] if t["arrivals"] == name and t["mode"] == mode]
+            if not trials:  # a mode this run did not test gets no legend entry
+                continue
             loads = sorted({t["load"] for t in trials})
             for row, key in enumerate(("slo_attainment", "effective_accuracy")):  # mean over repeats, each repeat a dot
                 means = [100 * statistics.fmean(t["summary"][key] for t in trials if t["load"] == load) for load in loads]
@@ -187,9 +189,13 @@ async def run(args) -> dict:
             url = f"{base}/v1/classify"
             warm = lambda i: ({"texts": [examples[i % len(examples)][0]], "budget": 1.0}, 0)  # noqa: E731
             await closed_loop_capacity(client, url, warm, args.capacity_concurrency, 2.0)  # warm-up
-            capacity = await closed_loop_capacity(client, url, warm, args.capacity_concurrency, args.capacity_seconds)
+            measured = await closed_loop_capacity(client, url, warm, args.capacity_concurrency, args.capacity_seconds)
+            # Offered loads are multiples of the dense capacity; measured afresh it varies by about
+            # 10 % between runs on a shared machine, so A/B runs can fix it (--capacity-rps).
+            capacity = args.capacity_rps or measured
             result["capacity_rps"] = capacity
-            print(f"dense capacity {capacity:.1f} requests/s", flush=True)
+            result["measured_capacity_rps"] = measured
+            print(f"dense capacity {measured:.1f} requests/s measured, {capacity:.1f} used", flush=True)
             # Capacity at lower fixed budgets: a burst whose arrival rate exceeds the capacity at
             # the policy's floor budget queues up whatever budgets the policy picks.
             result["capacity_by_budget"] = {"1": capacity}
@@ -252,11 +258,16 @@ def main() -> None:
     parser.add_argument("--slo-fraction", type=float, default=0.85, help="SLO-mode requests ask for this fraction of the deadline")
     parser.add_argument("--fuzz-examples", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--capacity-rps", type=float, default=0.0,
+                        help="dense capacity (requests/s) that loads are multiples of; 0: the one measured in this run. "
+                             "Fix it to compare two server settings at the same absolute arrival rates")
     parser.add_argument("--repeats", type=int, default=1,
                         help="trials per (arrivals, load, mode), each with its own arrival seed; the report gives mean ± std (timing on a shared machine is noisy)")
     parser.add_argument("--keep-records", action="store_true", help="store every request (send time, latency, status, budget, queue ms) in serve_load.json")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="server setting, passed to baa serve --set")
     args = parser.parse_args()
+    if args.capacity_rps < 0:
+        parser.error(f"--capacity-rps must be >= 0, got {args.capacity_rps}")
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     args.loads = [float(x) for x in args.loads.split(",")]

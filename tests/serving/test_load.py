@@ -74,3 +74,11 @@ def test_repeated_trials_get_a_mean_std_and_min_table():
     assert "| bursty | 1.5x | slo | 2 | 97.0 ± 2.8 | 95.0 | 87.0 ± 2.8 | 85.0 | 0 |" in text
     single = serve_load_markdown({"setting": {}, "capacity_rps": 100.0, "deadline_ms": 50.0, "trials": trials[:1]})
     assert "Over the repeats" not in single
+
+
+def test_a_given_capacity_is_reported_beside_the_measured_one():
+    base = {"setting": {"capacity_concurrency": 32}, "deadline_ms": 50.0, "trials": []}
+    given = serve_load_markdown({**base, "capacity_rps": 90.0, "measured_capacity_rps": 84.0})
+    assert "90.0 requests/s (given; 84.0 measured in this run). Deadline: 50.0 ms" in given
+    measured = serve_load_markdown({**base, "capacity_rps": 84.0, "measured_capacity_rps": 84.0})
+    assert "84.0 requests/s. Deadline: 50.0 ms" in measured

@@ -27,7 +27,9 @@ def serve_load_markdown(result: dict[str, Any]) -> str:
     lines = [
         f"Server: `{setting.get('server_command', '')}`; ready {setting.get('ready_seconds', float('nan')):.1f} s after start.",
         f"Dense capacity (closed loop, b = 1, {setting.get('capacity_concurrency')} clients): "
-        f"{result.get('capacity_rps', float('nan')):.1f} requests/s. "
+        f"{result.get('capacity_rps', float('nan')):.1f} requests/s"
+        + (f" (given; {result['measured_capacity_rps']:.1f} measured in this run)"
+           if result.get("measured_capacity_rps") not in (None, result.get("capacity_rps")) else "") + ". "
         f"Deadline: {result.get('deadline_ms', float('nan')):.1f} ms = the p95 of fixed b = 1 at 0.5x capacity (Poisson); "
         f"SLO-mode requests ask for {setting.get('slo_request_fraction', 1.0):g} of it (room for the HTTP round trip).",
         f"Test split: {setting.get('texts')} texts with their labels, one text per request; "
