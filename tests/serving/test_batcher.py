@@ -226,3 +226,23 @@ def test_the_arrival_record_stays_bounded_without_policy_batches():
     off = make(FakeRunner(), arrival_window_ms=0.0)
     off._note_arrival(0.0, 1)
     assert len(off._recent) == 0
+
+
+def test_with_a_memory_the_forecast_keeps_the_recent_peak_through_a_pause():
+    async def main():
+        loop = asyncio.get_running_loop()
+        job = Job([[1, 2, 3]], "slo", 1540.0, 1500.0, loop.create_future())
+        results = {}
+        for memory in (0.0, 2000.0):
+            batcher = make(FakeRunner(), arrival_window_ms=100.0, arrival_memory_ms=memory)
+            for arrival in range(0, 1000, 10):  # a 1 s burst of 1 text per 10 ms (10 per window), then a pause
+                batcher._note_arrival(float(arrival), 1)
+            batcher._note_arrival(1500.0, 1)  # the next burst's first request
+            results[memory] = batcher._forecast([job], clock=1500.0).rate_per_ms
+        return results
+
+    rates = run(main())
+    assert rates[0.0] == pytest.approx(1 / 100.0)  # the last window only: the pause looks idle
+    assert rates[2000.0] == pytest.approx(11 / 100.0)  # the burst's peak window (10 ms steps, ends inclusive)
+    with pytest.raises(Exception, match="serve.arrival_memory_ms"):
+        ServeConfig(arrival_memory_ms=-1.0)

@@ -82,3 +82,10 @@ def test_a_given_capacity_is_reported_beside_the_measured_one():
     assert "90.0 requests/s (given; 84.0 measured in this run). Deadline: 50.0 ms" in given
     measured = serve_load_markdown({**base, "capacity_rps": 84.0, "measured_capacity_rps": 84.0})
     assert "84.0 requests/s. Deadline: 50.0 ms" in measured
+
+
+def test_a_given_deadline_is_reported_beside_the_measured_one():
+    base = {"setting": {}, "capacity_rps": 80.0, "trials": []}
+    assert "Deadline: 86.0 ms (given; the p95 of fixed b = 1 at 0.5x capacity (Poisson) measured in this run: 91.1 ms);" in \
+        serve_load_markdown({**base, "deadline_ms": 86.0, "measured_deadline_ms": 91.1})
+    assert "Deadline: 86.0 ms = the p95 of fixed b = 1" in serve_load_markdown({**base, "deadline_ms": 86.0})

@@ -26,11 +26,8 @@ def serve_load_markdown(result: dict[str, Any]) -> str:
     setting = result.get("setting", {})
     lines = [
         f"Server: `{setting.get('server_command', '')}`; ready {setting.get('ready_seconds', float('nan')):.1f} s after start.",
-        f"Dense capacity (closed loop, b = 1, {setting.get('capacity_concurrency')} clients): "
-        f"{result.get('capacity_rps', float('nan')):.1f} requests/s"
-        + (f" (given; {result['measured_capacity_rps']:.1f} measured in this run)"
-           if result.get("measured_capacity_rps") not in (None, result.get("capacity_rps")) else "") + ". "
-        f"Deadline: {result.get('deadline_ms', float('nan')):.1f} ms = the p95 of fixed b = 1 at 0.5x capacity (Poisson); "
+        f"Dense capacity (closed loop, b = 1, {setting.get('capacity_concurrency')} clients): {_capacity_text(result)}. "
+        f"Deadline: {_deadline_text(result)}; "
         f"SLO-mode requests ask for {setting.get('slo_request_fraction', 1.0):g} of it (room for the HTTP round trip).",
         f"Test split: {setting.get('texts')} texts with their labels, one text per request; "
         f"{setting.get('trial_seconds')} s per trial (at most {setting.get('max_requests')} requests).",
@@ -57,6 +54,25 @@ def serve_load_markdown(result: dict[str, Any]) -> str:
     if result.get("shutdown"):
         lines += ["", f"Shutdown (SIGTERM): exit code {result['shutdown']['exit_code']} after {result['shutdown']['seconds']:.1f} s."]
     return "\n".join(lines) + "\n"
+
+
+def _given(result: dict[str, Any], key: str) -> bool:
+    """Whether ``key`` was given on the command line (it differs from the value this run measured)."""
+    measured = result.get(f"measured_{key}")
+    return measured is not None and measured != result.get(key)
+
+
+def _capacity_text(result: dict[str, Any]) -> str:
+    text = f"{result.get('capacity_rps', float('nan')):.1f} requests/s"
+    return text + (f" (given; {result['measured_capacity_rps']:.1f} measured in this run)" if _given(result, "capacity_rps") else "")
+
+
+def _deadline_text(result: dict[str, Any]) -> str:
+    text = f"{result.get('deadline_ms', float('nan')):.1f} ms"
+    rule = "the p95 of fixed b = 1 at 0.5x capacity (Poisson)"
+    if _given(result, "deadline_ms"):
+        return text + f" (given; {rule} measured in this run: {result['measured_deadline_ms']:.1f} ms)"
+    return text + f" = {rule}"
 
 
 def _repeat_means(trials: list[dict[str, Any]]) -> list[str]:

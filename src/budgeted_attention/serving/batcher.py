@@ -274,7 +274,7 @@ class Batcher:
         if self.cfg.arrival_window_ms <= 0:
             return
         self._recent.append((arrival_ms, n_texts))
-        self._forget_before(arrival_ms - self.cfg.arrival_window_ms)
+        self._forget_before(arrival_ms - max(self.cfg.arrival_window_ms, self.cfg.arrival_memory_ms))
 
     def _forget_before(self, start_ms: float) -> None:
         while self._recent and self._recent[0][0] < start_ms:
@@ -286,14 +286,30 @@ class Batcher:
         window = self.cfg.arrival_window_ms
         if window <= 0:
             return None
-        self._forget_before(clock - window)
+        self._forget_before(clock - max(window, self.cfg.arrival_memory_ms))
+        rate = max(sum(n for t, n in self._recent if t >= clock - window), self._peak_count(window)) / window
         latencies = [j.deadline_ms - j.arrival_ms for j in jobs if math.isfinite(j.deadline_ms)]
         return Arrivals(
-            rate_per_ms=sum(n for _, n in self._recent) / window,
+            rate_per_ms=rate,
             n_tokens=max(j.n_tokens for j in jobs),
             latency_ms=min(latencies) if latencies else self.cfg.target_p95_ms,
             max_batch=self.cfg.max_batch_size,
         )
+
+    def _peak_count(self, window: float) -> int:
+        """The most texts that arrived within any ``window`` ms of the remembered arrivals (0 when
+        ``arrival_memory_ms`` is 0): one pass with a trailing pointer over the time-ordered record."""
+        if self.cfg.arrival_memory_ms <= 0:
+            return 0
+        best = inside = start = 0
+        times = list(self._recent)
+        for arrival, n in times:
+            inside += n
+            while times[start][0] < arrival - window:
+                inside -= times[start][1]
+                start += 1
+            best = max(best, inside)
+        return best
 
     def _backlog(self) -> list[tuple[int, int, float, float | None]]:
         """The queued jobs as the worker would batch them, in order (oldest job's kind first, up to

@@ -36,6 +36,10 @@ class ServeConfig:
         arrival_window_ms: the SLO policy's arrival-rate window: a budget is refused when the
             requests expected to arrive while its batch runs (at the rate of the last window)
             could no longer be served on time even at the floor; 0 turns the check off.
+        arrival_memory_ms: how long that check remembers the peak arrival rate (the highest rate
+            of any arrival window within it) and forecasts the larger of it and the last window's
+            rate: after a pause the last window is empty, and a burst's first batch would run at a
+            budget its followers cannot recover from. 0: the last window only.
         max_texts: texts per request.
         max_text_chars: characters per text (longer texts are refused, not truncated silently;
             the tokenizer still truncates to the model's max_len tokens).
@@ -58,6 +62,7 @@ class ServeConfig:
     max_batch_size: int = 16
     max_wait_ms: float = 5.0
     arrival_window_ms: float = 250.0
+    arrival_memory_ms: float = 0.0
     max_texts: int = 64
     max_text_chars: int = 2000
     max_queue: int = 256
@@ -83,6 +88,7 @@ class ServeConfig:
         check_int(self.max_batch_size, "serve.max_batch_size", ge=1)
         self.max_wait_ms = check_float(self.max_wait_ms, "serve.max_wait_ms", ge=0.0)
         self.arrival_window_ms = check_float(self.arrival_window_ms, "serve.arrival_window_ms", ge=0.0)
+        self.arrival_memory_ms = check_float(self.arrival_memory_ms, "serve.arrival_memory_ms", ge=0.0)
         check_int(self.max_texts, "serve.max_texts", ge=1)
         check_int(self.max_text_chars, "serve.max_text_chars", ge=1)
         check_int(self.max_queue, "serve.max_queue", ge=1)
