@@ -155,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", required=True, help="Markdown file to write, e.g. docs/results.md")
     report.add_argument("--figures-dir", help="where the runs' PNG figures are copied (default: <out dir>/figures)")
     report.add_argument("--title", default="Results", help="title of the document (default: Results)")
+    report.add_argument(
+        "--update", action="store_true",
+        help="rewrite only these runs' sections of the existing --out file (new runs are appended) and keep the others",
+    )
     return parser
 
 
@@ -257,7 +261,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from budgeted_attention.reporting.report import write_report
+    from budgeted_attention.reporting.report import update_report, write_report
 
     # The document's header names the command: sys.argv when this process is 'baa report', else its equivalent.
     if sys.argv[1:2] == ["report"]:
@@ -266,7 +270,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
         command = ["baa", "report", *args.run_dirs, "--out", args.out]
         command += ["--figures-dir", args.figures_dir] if args.figures_dir else []
         command += ["--title", args.title] if args.title != "Results" else []
+        command += ["--update"] if args.update else []
     figures = Path(args.figures_dir) if args.figures_dir else None
+    if args.update:
+        print(update_report([Path(p) for p in args.run_dirs], Path(args.out), figures, command=command))
+        return 0
     print(write_report([Path(p) for p in args.run_dirs], Path(args.out), figures, args.title, command=command))
     return 0
 

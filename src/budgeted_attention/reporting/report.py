@@ -389,6 +389,73 @@ def build_report(
     return "\n".join(header) + "\n\n" + "\n".join(sections)
 
 
+_SECTION_HEADING = re.compile(r"^## (.+)$", re.MULTILINE)
+_CONTENTS = "Contents: "
+
+
+def split_report(text: str, source: Path | str = "the report") -> tuple[list[str], list[tuple[str, str]]]:
+    """(header lines, [(run name, section text)]) of a document written by :func:`build_report`.
+
+    A section runs from its ``## name`` line to the next one; its text is as :func:`run_section`
+    returned it, so ``build``-ing the parts again gives the same document.
+    """
+    headings = list(_SECTION_HEADING.finditer(text))
+    if not headings or not text.startswith("# "):
+        raise ReportError(f"'{source}' is not a report written by 'baa report' (no '# title' or no '## run' sections)")
+    header = text[: headings[0].start()].rstrip("\n").split("\n")
+    sections = []
+    for i, match in enumerate(headings):
+        end = headings[i + 1].start() - 1 if i + 1 < len(headings) else len(text)  # minus the joining newline
+        sections.append((match.group(1).strip(), text[match.start() : end]))
+    return header, sections
+
+
+def update_report(
+    run_dirs: list[Path],
+    out: Path,
+    figures_dir: Path | None = None,
+    command: list[str] | str | None = None,
+) -> Path:
+    """Rewrite the sections of ``run_dirs`` in the existing report ``out`` and keep every other
+    section as it is: a run already in the document is replaced in place, a new one is appended.
+
+    For adding or rerunning a few runs without the run directories of all the others. The header
+    keeps the command that generated the document and adds a line naming this command, its date
+    and the sections it rewrote. Written atomically; figures as in :func:`write_report`.
+    """
+    out = Path(out)
+    try:
+        text = out.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ReportError(f"--update needs an existing report, but '{out}' does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"cannot read '{out}': {getattr(exc, 'strerror', None) or exc}") from None
+    header, sections = split_report(text, out)
+    figures = Path(figures_dir) if figures_dir is not None else out.parent / "figures"
+    runs = [load_run(Path(p)) for p in run_dirs]  # all read before anything is copied or written
+    names = [run["name"] for run in runs]
+    if len(set(names)) != len(names):
+        raise ReportError(f"two run directories named the same ({', '.join(names)}): one section each")
+    fresh = {run["name"]: run_section(run, figures_dir=figures, out=out) for run in runs}
+    merged = [(name, fresh.pop(name, body)) for name, body in sections]
+    merged += [(name, fresh[name]) for name in names if name in fresh]
+    note = (
+        f"Updated by `{render_command(sys.argv if command is None else command)}` on {time.strftime('%Y-%m-%d %H:%M:%S %z')}: "
+        f"section{'s' if len(names) > 1 else ''} {', '.join(names)} rewritten from {'their' if len(names) > 1 else 'its'} run "
+        f"director{'ies' if len(names) > 1 else 'y'}, the others as they were."
+    )
+    contents = _CONTENTS + ", ".join(f"[{name}](#{_anchor(name)})" for name, _ in merged) + "."
+    lines = [line for line in header if not line.startswith(_CONTENTS)]
+    while lines and not lines[-1]:
+        lines.pop()
+    text = "\n".join([*lines, "", note, "", contents]) + "\n\n" + "\n".join(body for _, body in merged)
+    try:
+        write_text_atomic(out, text)
+    except OSError as exc:
+        raise ReportError(f"cannot write '{out}': {exc.strerror or exc}") from None
+    return out
+
+
 def _anchor(heading: str) -> str:
     """GitHub-style anchor of a Markdown heading."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
