@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from budgeted_attention.serving.batcher import Batcher, DeadlineExpired, Overloaded
 from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.latency import LatencyModel, calibrate
-from budgeted_attention.serving.metrics import ServerMetrics
+from budgeted_attention.serving.metrics import ServerMetrics, worker_exited
 
 log = logging.getLogger("budgeted_attention.serve")
 ENV_SETTINGS = "BAA_SERVE_SETTINGS"  # JSON settings for worker processes (baa serve --workers N)
@@ -173,6 +173,7 @@ def create_app(
         await loader
         if state.batcher is not None:
             await state.batcher.drain()  # in-flight and queued requests finish first
+        worker_exited()  # with several workers: this one's queue gauge stops counting
 
     app = FastAPI(
         title="budgeted_attention server",

@@ -4,11 +4,17 @@ With several uvicorn workers each process counts in its own memory-mapped files 
 ``PROMETHEUS_MULTIPROC_DIR`` (``baa serve --workers N`` sets it up), and ``/metrics`` aggregates
 them with ``MultiProcessCollector``; with one worker the metrics live in a registry of their own
 (so several apps in one process, as in the tests, do not collide).
+
+Live gauges (the queue length) of a worker that exited must stop counting: prometheus_client
+keeps a process's files until ``mark_process_dead(pid)``. A worker marks itself at shutdown
+(:func:`worker_exited`), and ``/metrics`` forgets the files of workers that are no longer running
+(a crash, or uvicorn's restart of a worker).
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -18,6 +24,41 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.
 def multiprocess_dir() -> str | None:
     """The shared metrics directory when running with several workers, else None."""
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def _running(pid: int) -> bool:
+    """Whether a process with this id exists (signal 0 checks without signalling)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def forget_dead_workers(directory: str) -> list[int]:
+    """Mark the workers whose live-gauge files remain in ``directory`` but whose process is gone
+    as dead (their gauges then stop counting); returns their process ids."""
+    from prometheus_client import multiprocess  # noqa: PLC0415
+
+    dead = set()
+    for path in Path(directory).glob("gauge_live*_*.db"):
+        pid = path.stem.rsplit("_", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            dead.add(int(pid))
+    for pid in sorted(dead):
+        multiprocess.mark_process_dead(pid, directory)
+    return sorted(dead)
+
+
+def worker_exited() -> None:
+    """Called by a worker at shutdown: its live gauges stop counting (multiprocess mode only)."""
+    directory = multiprocess_dir()
+    if directory:
+        from prometheus_client import multiprocess  # noqa: PLC0415
+
+        multiprocess.mark_process_dead(os.getpid(), directory)
 
 
 def budget_label(budget: float | None) -> str:
@@ -69,6 +110,7 @@ class ServerMetrics:
         if directory:
             from prometheus_client import multiprocess  # noqa: PLC0415
 
+            forget_dead_workers(directory)
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry, path=directory)
             return generate_latest(registry), CONTENT_TYPE_LATEST
