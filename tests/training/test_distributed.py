@@ -90,8 +90,9 @@ def test_experiment_under_torchrun_matches_one_process_and_only_rank_0_writes(tm
     config.write_text(f"""
 name: tiny-ddp
 seeds: [0, 1]
-methods: [dense, budgeted, budgeted-hard]
+methods: [dense, budgeted, budgeted-hard, ladder]
 budgets: [0.5, 1.0]
+ladder: [{{n_layers: 1}}]
 {tiny_data_and_model}
 train: {{dense_steps: 6, budgeted_steps: 6, hard_steps: 4, batch_size: 8, device: cpu}}
 bench: {{rounds: 1, min_run_time: 0.005}}
@@ -100,12 +101,17 @@ bench: {{rounds: 1, min_run_time: 0.005}}
     run_worker(["experiment", str(config), str(tmp_path / "two")], tmp_path, nproc=2)
     assert json.loads((tmp_path / "two" / "replaced-rank1.json").read_text()) == []
     assert json.loads((tmp_path / "two" / "replaced-rank0.json").read_text())  # rank 0 wrote the run
+    # Only rank 0 times (the bench units and the ladder's timing): timing beside another rank contends.
+    assert json.loads((tmp_path / "two" / "timed-rank1.json").read_text()) == []
+    assert "bench_against_reference" in json.loads((tmp_path / "two" / "timed-rank0.json").read_text())  # the ladder
 
     def accuracies(run):
         rows = json.loads((run / "results.json").read_text())["rows"]
         return {(r["method"], r["budget"]): (r["accuracy"], r["val_accuracy"]) for r in rows}
 
     assert accuracies(tmp_path / "one" / "run") == accuracies(tmp_path / "two" / "run")
+    ladder = [r for r in json.loads((tmp_path / "two" / "run" / "results.json").read_text())["rows"] if r["method"] == "ladder"]
+    assert len(ladder) == 2 and all(r["speedup"] > 0 for r in ladder)  # timed by rank 0 alone
     files = lambda run: sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())  # noqa: E731
     assert files(tmp_path / "one" / "run") == files(tmp_path / "two" / "run")
     # Resume under torchrun: every unit is read back, nothing is retrained or rewritten by rank 1.

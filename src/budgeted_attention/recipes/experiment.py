@@ -535,8 +535,10 @@ class Experiment:
         hard_log = train_hard(model, self.splits.train, fixed, ranking, seed=seed, budgets=(budget, budget), desc=f"static-hard b={budget}", progress=self.progress, task=self.task)
         kept = {budget: ranking.kept(budget)}
         hard_rows = self._hard_rows("static", model, seed, soft_steps + hard_log.steps, kept)
-        bench = bench_models(model, kept, dataclasses.replace(self._bench_cfg([budget]), include_sliced=False), **self._bench_kwargs())
-        hard_rows[0].attach_speed(bench["rows"][0])
+        bench: dict[str, Any] = {"rows": []}
+        if distributed.current().is_main:  # timing on rank 0 alone, as in _ladder
+            bench = bench_models(model, kept, dataclasses.replace(self._bench_cfg([budget]), include_sliced=False), **self._bench_kwargs())
+            hard_rows[0].attach_speed(bench["rows"][0])
         return {"rows": rows + hard_rows, "bench": bench}
 
     def _posthoc_ranking(self, seed: int) -> Ranking:
@@ -590,9 +592,13 @@ class Experiment:
             heads_per_layer=config.heads_per_layer, ideal_speedup=1.0 / fraction, flops_fraction=fraction,
             ffn_per_layer=[config.d_ff] * config.n_layers, scope="all",  # its cost is whole-model FLOPs
         )
-        cfg = dataclasses.replace(self._bench_cfg([]), include_sliced=False)
-        timed = bench_against_reference(big, {"ladder": model}, cfg, **self._bench_kwargs())
-        row.attach_speed({**timed[0], "ideal_speedup": 1.0 / fraction})
+        timed: list[dict[str, Any]] = []
+        # Under torchrun only rank 0 times: every rank timing its own copy at once would contend for
+        # the cores; the other ranks' records are never written, so they skip it.
+        if distributed.current().is_main:
+            cfg = dataclasses.replace(self._bench_cfg([]), include_sliced=False)
+            timed = bench_against_reference(big, {"ladder": model}, cfg, **self._bench_kwargs())
+            row.attach_speed({**timed[0], "ideal_speedup": 1.0 / fraction})
         row.variant = entry.get("name")
         return {"rows": [row], "shape": entry, "bench": timed, "loss_curve": log.loss_curve()}
 
