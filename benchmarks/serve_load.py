@@ -49,6 +49,7 @@ from budgeted_attention.serving.load import (
     percentile,
     records_as_dicts,
     send_open_loop,
+    served_budgets,
     summarise,
 )
 
@@ -199,7 +200,9 @@ async def run(args) -> dict:
             # Capacity at lower fixed budgets: a burst whose arrival rate exceeds the capacity at
             # the policy's floor budget queues up whatever budgets the policy picks.
             result["capacity_by_budget"] = {"1": measured}  # measured, like the other budgets
-            for budget in args.capacity_budgets:
+            async with client.get(f"{base}/v1/info") as response:
+                served = sorted(float(b) for b in (await response.json())["budgets"])
+            for budget in served_budgets(args.capacity_budgets, served):
                 body = lambda i, b=budget: ({"texts": [examples[i % len(examples)][0]], "budget": b}, 0)  # noqa: E731
                 result["capacity_by_budget"][f"{budget:g}"] = await closed_loop_capacity(client, url, body, args.capacity_concurrency, args.capacity_seconds)
                 print(f"capacity at b = {budget:g}: {result['capacity_by_budget'][f'{budget:g}']:.1f} requests/s", flush=True)

@@ -3,6 +3,7 @@ import random
 import pytest
 
 from budgeted_attention.reporting.serve_load import serve_load_markdown
+from budgeted_attention.serving.load import served_budgets
 from budgeted_attention.serving.load import Record, bursty_arrivals, peak_rate, percentile, poisson_arrivals, summarise
 
 
@@ -89,3 +90,10 @@ def test_a_given_deadline_is_reported_beside_the_measured_one():
     assert "Deadline: 86.0 ms (given; the p95 of fixed b = 1 at 0.5x capacity (Poisson) measured in this run: 91.1 ms);" in \
         serve_load_markdown({**base, "deadline_ms": 86.0, "measured_deadline_ms": 91.1})
     assert "Deadline: 86.0 ms = the p95 of fixed b = 1" in serve_load_markdown({**base, "deadline_ms": 86.0})
+
+
+def test_capacity_budgets_are_labelled_with_the_budget_that_runs(capsys):
+    served = [0.1, 0.25, 0.5, 0.75, 1.0]
+    assert served_budgets([0.5, 0.3, 0.25, 1.0, 0.05], served) == [0.5, 0.25, 0.1]  # 0.3 runs at 0.25 (once); b = 1 left out
+    err = capsys.readouterr().err
+    assert "capacity budget 0.3 is not served; the server runs it at b = 0.25" in err and "0.05" in err

@@ -103,5 +103,11 @@ class ServeConfig:
 
     def snap_budget(self, budget: float) -> float:
         """The largest configured budget not above ``budget`` (the smallest one if all are above)."""
-        below = [b for b in self.budgets if b <= budget + 1e-9]
-        return below[-1] if below else self.budgets[0]
+        return snap_to(budget, self.budgets)
+
+
+def snap_to(budget: float, budgets: list[float]) -> float:
+    """The largest of the ascending ``budgets`` not above ``budget`` (the smallest if all are above):
+    the budget a server with these operating points runs a request for ``budget`` at."""
+    below = [b for b in budgets if b <= budget + 1e-9]
+    return below[-1] if below else budgets[0]

@@ -17,10 +17,13 @@ import asyncio
 import math
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from budgeted_attention.serving.config import snap_to
 
 
 def aiohttp_timeout(seconds: float):
@@ -169,3 +172,17 @@ def summarise(records: list[Record], deadline_ms: float, seconds: float) -> dict
 
 def records_as_dicts(records: list[Record]) -> list[dict[str, Any]]:
     return [asdict(r) for r in records]
+
+
+def served_budgets(asked: list[float], served: list[float]) -> list[float]:
+    """The budgets the server runs for ``asked`` (it rounds a budget down to a configured one, or up
+    to the smallest), once each and without b = 1, so each capacity is labelled with the budget
+    that actually ran."""
+    result = []
+    for budget in asked:
+        runs = snap_to(budget, served)
+        if abs(runs - budget) > 1e-9:
+            print(f"capacity budget {budget:g} is not served; the server runs it at b = {runs:g}", file=sys.stderr, flush=True)
+        if runs != 1.0 and runs not in result:
+            result.append(runs)
+    return result
