@@ -24,6 +24,7 @@ def test_defaults_are_valid_and_budgets_sorted():
         ({"target_p95_ms": 0}, "serve.target_p95_ms"),
         ({"min_accuracy": 1.5}, "serve.min_accuracy"),
         ({"shed_expired": "yes"}, "serve.shed_expired"),
+        ({"engine_process": "yes"}, "serve.engine_process"),
     ],
 )
 def test_bad_settings_name_the_key(settings, message):

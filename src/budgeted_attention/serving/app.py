@@ -144,9 +144,13 @@ def create_app(
 
     def load() -> None:
         from budgeted_attention.serving.engine import Engine  # noqa: PLC0415
+        from budgeted_attention.serving.remote import RemoteEngine  # noqa: PLC0415
 
         started = time.monotonic()
-        state.engine = engine if engine is not None else Engine(run_dir, cfg, seed=seed, onnx_dir=onnx_dir)
+        if engine is not None:
+            state.engine = engine
+        else:
+            state.engine = (RemoteEngine if cfg.engine_process else Engine)(run_dir, cfg, seed=seed, onnx_dir=onnx_dir)
         state.floor = state.engine.min_allowed_budget()
         loaded = time.monotonic()
         state.latency = calibrate_engine(state.engine, cfg, calibration_length(state.engine, cfg))
@@ -173,6 +177,8 @@ def create_app(
         await loader
         if state.batcher is not None:
             await state.batcher.drain()  # in-flight and queued requests finish first
+        if hasattr(state.engine, "close"):  # the engine process (serve.engine_process) exits after its last batch
+            await asyncio.to_thread(state.engine.close)
         worker_exited()  # with several workers: this one's queue gauge stops counting
 
     app = FastAPI(

@@ -47,6 +47,11 @@ class ServeConfig:
         shed_expired: drop a request whose deadline passed while it waited (503), so an
             overloaded server spends its time on requests that can still make it.
         threads: torch / onnxruntime intra-op threads per worker process.
+        engine_process: run the model in a child process of its own (each worker gets one), fed
+            through a pipe: the server's event loop (parsing, tokenising, answering) then never
+            waits for the interpreter lock the model's Python code holds between operations, so a
+            finished batch's answers go out while the next batch runs. Costs a pipe round trip per
+            batch and a second interpreter at start-up.
         warmup_batches: model calls per (budget, batch size) before timing at start-up.
         calibration_batch_sizes: batch sizes timed at start-up (others are interpolated).
         calibration_seq_len: tokens per text in the start-up timing (0: the run's median length).
@@ -68,6 +73,7 @@ class ServeConfig:
     max_queue: int = 256
     shed_expired: bool = True
     threads: int = 1
+    engine_process: bool = False
     warmup_batches: int = 1
     calibration_batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
     calibration_seq_len: int = 0
@@ -96,6 +102,7 @@ class ServeConfig:
             raise ConfigError(f"serve.max_queue ({self.max_queue}) must hold one full request (serve.max_texts = {self.max_texts})")
         check_bool(self.shed_expired, "serve.shed_expired")
         check_int(self.threads, "serve.threads", ge=1)
+        check_bool(self.engine_process, "serve.engine_process")
         check_int(self.warmup_batches, "serve.warmup_batches", ge=0)
         sizes = check_int_list(self.calibration_batch_sizes, "serve.calibration_batch_sizes", ge=1)
         self.calibration_batch_sizes = sorted({min(s, self.max_batch_size) for s in sizes} | {1, self.max_batch_size})

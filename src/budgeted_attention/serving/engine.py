@@ -112,7 +112,93 @@ def floor_budget(cfg: ServeConfig, val_accuracy: dict[float, float]) -> float:
     return floor
 
 
-class Engine:
+def load_tokenizer(folder: Path, max_len: int) -> tuple[Tokenizer, int]:
+    """The run's ``tokenizer.json`` in ``folder``, unpadded and truncating to ``max_len``, and its pad id."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise CheckpointError(f"no tokenizer.json in '{path.parent}' (baa serve needs the run's tokenizer)")
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception type
+        raise CheckpointError(f"cannot read tokenizer '{path}': {exc}") from exc
+    if tokenizer.padding is None:
+        raise CheckpointError(f"tokenizer '{path}' does not pad (not written by baa)")
+    pad_id = int(tokenizer.padding["pad_id"])
+    tokenizer.no_padding()  # the batcher pads whole batches (requests are tokenised one by one)
+    tokenizer.enable_truncation(max_length=max_len)
+    return tokenizer, pad_id
+
+
+class EngineInfo:
+    """What the server needs of an engine besides the model call: the tokenizer, labels, budgets'
+    costs and validation accuracy, the floor and ``/v1/info``. Shared by :class:`Engine` (the model
+    in this process) and :class:`~budgeted_attention.serving.remote.RemoteEngine` (in a child).
+
+    Attributes set by subclasses: ``run_dir``, ``cfg``, ``checkpoint``, ``seed``, ``family``,
+    ``max_len``, ``n_classes``, ``labels``, ``val_accuracy``, ``costs``, ``tokenizer``, ``pad_id``.
+    """
+
+    run_dir: Path
+    cfg: ServeConfig
+    checkpoint: Path
+    seed: int
+    family: str
+    max_len: int
+    n_classes: int
+    labels: list[str]
+    val_accuracy: dict[float, float]
+    costs: dict[float, float]
+    tokenizer: Tokenizer
+    pad_id: int
+
+    def folder(self) -> Path:
+        """The run directory, or the checkpoint's folder when given a checkpoint file."""
+        return self.run_dir if self.run_dir.is_dir() else self.checkpoint.parent
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, truncated to the model's ``max_len``, unpadded."""
+        return [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
+
+    def run(self, ids: list[list[int]], budget: float, pad_to: int = 0) -> torch.Tensor:  # pragma: no cover - abstract
+        """(batch, n_classes) class probabilities of token ids at ``budget`` (a configured budget)."""
+        raise NotImplementedError
+
+    def classify(self, texts: list[str], budget: float, pad_to: int = 0) -> Prediction:
+        """Class probabilities of ``texts`` at ``budget``, timed (tokenisation included)."""
+        start = time.perf_counter()
+        ids = self.tokenize(texts)
+        probabilities = self.run(ids, budget, pad_to)
+        return Prediction(probabilities, budget, time.perf_counter() - start, max(pad_to, max(len(x) for x in ids)))
+
+    def min_allowed_budget(self) -> float:
+        """The SLO policy's floor (:func:`floor_budget`)."""
+        return floor_budget(self.cfg, self.val_accuracy)
+
+    def metadata(self) -> dict[str, Any]:
+        """The loaded model's facts, as plain values (what a child process sends its parent)."""
+        return {
+            "checkpoint": str(self.checkpoint), "seed": self.seed, "family": self.family, "max_len": self.max_len,
+            "n_classes": self.n_classes, "labels": self.labels, "val_accuracy": self.val_accuracy, "costs": self.costs,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/info reports."""
+        return {
+            "run_dir": str(self.run_dir),
+            "checkpoint": str(self.checkpoint),
+            "family": self.family,
+            "seed": self.seed,
+            "backend": self.cfg.backend,
+            "engine_process": self.cfg.engine_process,
+            "budgets": self.cfg.budgets,
+            "estimated_cost": {str(b): round(c, 4) for b, c in self.costs.items()},
+            "validation_accuracy": {str(b): round(a, 4) for b, a in sorted(self.val_accuracy.items())},
+            "labels": self.labels,
+            "max_len": self.max_len,
+        }
+
+
+class Engine(EngineInfo):
     """A run's budgeted-hard model, ready to classify texts at any configured budget."""
 
     def __init__(self, run_dir: str | Path, cfg: ServeConfig, *, seed: int | None = None, onnx_dir: str | Path | None = None) -> None:
@@ -129,9 +215,9 @@ class Engine:
         self.ranking = load_ranking(checkpoint, description, model)
         self.family = model.family
         self.max_len = int(model.max_len)
-        self.tokenizer = self._load_tokenizer()
+        self.tokenizer, self.pad_id = load_tokenizer(self.folder(), self.max_len)
         self.n_classes = int(self._n_classes(model))
-        self.labels = run_labels(self.run_dir if self.run_dir.is_dir() else checkpoint.parent, self.n_classes)
+        self.labels = run_labels(self.folder(), self.n_classes)
         self.val_accuracy = validation_accuracy(self.run_dir, self.seed) if self.run_dir.is_dir() else {}
         self.costs = {b: kept_cost(self.ranking, b) for b in cfg.budgets}
         torch.set_num_threads(cfg.threads)
@@ -143,21 +229,6 @@ class Engine:
             self._load_onnx(Path(onnx_dir) if onnx_dir else self.run_dir / "onnx")
 
     # ------------------------------------------------------------------ loading
-
-    def _load_tokenizer(self) -> Tokenizer:
-        path = (self.run_dir if self.run_dir.is_dir() else self.checkpoint.parent) / "tokenizer.json"
-        if not path.is_file():
-            raise CheckpointError(f"no tokenizer.json in '{path.parent}' (baa serve needs the run's tokenizer)")
-        try:
-            tokenizer = Tokenizer.from_file(str(path))
-        except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception type
-            raise CheckpointError(f"cannot read tokenizer '{path}': {exc}") from exc
-        if tokenizer.padding is None:
-            raise CheckpointError(f"tokenizer '{path}' does not pad (not written by baa)")
-        self.pad_id = int(tokenizer.padding["pad_id"])
-        tokenizer.no_padding()  # the batcher pads whole batches (requests are tokenised one by one)
-        tokenizer.enable_truncation(max_length=self.max_len)
-        return tokenizer
 
     @staticmethod
     def _n_classes(model: torch.nn.Module) -> int:
@@ -178,10 +249,6 @@ class Engine:
         self.sessions = {b: make_session(graph_path(onnx_dir, b), self.cfg.threads) for b in self.cfg.budgets}
 
     # ------------------------------------------------------------------ inference
-
-    def tokenize(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text, truncated to the model's ``max_len``, unpadded."""
-        return [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
 
     def pad(self, ids: list[list[int]], pad_to: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(batch, seq) token ids and attention mask, right-padded to the longest text (or ``pad_to``)."""
@@ -205,29 +272,3 @@ class Engine:
             feed = {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()}
             logits = torch.from_numpy(self.sessions[budget].run(None, feed)[0])
         return torch.softmax(logits.float(), dim=-1)
-
-    def classify(self, texts: list[str], budget: float, pad_to: int = 0) -> Prediction:
-        """Class probabilities of ``texts`` at ``budget``, timed (tokenisation included)."""
-        start = time.perf_counter()
-        ids = self.tokenize(texts)
-        probabilities = self.run(ids, budget, pad_to)
-        return Prediction(probabilities, budget, time.perf_counter() - start, max(pad_to, max(len(x) for x in ids)))
-
-    def min_allowed_budget(self) -> float:
-        """The SLO policy's floor (:func:`floor_budget`)."""
-        return floor_budget(self.cfg, self.val_accuracy)
-
-    def describe(self) -> dict[str, Any]:
-        """What /v1/info reports."""
-        return {
-            "run_dir": str(self.run_dir),
-            "checkpoint": str(self.checkpoint),
-            "family": self.family,
-            "seed": self.seed,
-            "backend": self.cfg.backend,
-            "budgets": self.cfg.budgets,
-            "estimated_cost": {str(b): round(c, 4) for b, c in self.costs.items()},
-            "validation_accuracy": {str(b): round(a, 4) for b, a in sorted(self.val_accuracy.items())},
-            "labels": self.labels,
-            "max_len": self.max_len,
-        }

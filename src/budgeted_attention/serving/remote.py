@@ -1,0 +1,125 @@
+"""The engine in a child process (``serve.engine_process: true``).
+
+With the model in a worker thread of the server process, the event loop (parsing requests,
+tokenising, writing answers) and the model share one interpreter lock: the model's Python code
+holds it between tensor operations, so the answers of a finished batch can wait for the next
+batch's forward pass. Here the model runs in a process of its own and the server's worker thread
+only waits on a pipe (which releases the lock). Token ids go to the child, probabilities come
+back; the tokenizer, labels and costs stay in the server process.
+
+The child is started with ``spawn`` (a fresh interpreter: no forked thread pools or locks) and
+builds the same :class:`~budgeted_attention.serving.engine.Engine` the server would have built.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from budgeted_attention.serving.config import ServeConfig
+from budgeted_attention.serving.engine import EngineInfo, load_tokenizer
+
+START_TIMEOUT_S = 600.0  # loading a large checkpoint on a slow disk; a failed load answers at once
+
+
+class EngineProcessError(RuntimeError):
+    """The engine process failed to start, failed a call, or is gone."""
+
+
+def _child(conn, run_dir: str, settings: dict[str, Any], seed: int | None, onnx_dir: str | None) -> None:
+    """The child's loop: build the engine, send its metadata, then answer ``(ids, budget, pad_to)``
+    with ``("ok", probabilities as a NumPy array)`` or ``("error", message)`` until ``None`` or EOF."""
+    from budgeted_attention.config import from_dict  # noqa: PLC0415
+    from budgeted_attention.serving.engine import Engine  # noqa: PLC0415
+
+    try:
+        engine = Engine(run_dir, from_dict(ServeConfig, settings, "serve"), seed=seed, onnx_dir=onnx_dir)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", engine.metadata()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the server went away
+            return
+        if message is None:
+            return
+        ids, budget, pad_to = message
+        try:
+            reply = ("ok", engine.run(ids, budget, pad_to).numpy())
+        except Exception as exc:  # noqa: BLE001 - one failed batch, not a dead engine
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+        conn.send(reply)
+
+
+class RemoteEngine(EngineInfo):
+    """The same interface as :class:`~budgeted_attention.serving.engine.Engine`, with the model in
+    a child process. Not thread-safe (one call at a time, as the batcher makes them); ``close()``
+    stops the child."""
+
+    def __init__(self, run_dir: str | Path, cfg: ServeConfig, *, seed: int | None = None, onnx_dir: str | Path | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.cfg = cfg
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_conn = context.Pipe()
+        self._process = context.Process(
+            target=_child, args=(child_conn, str(run_dir), asdict(cfg), seed, None if onnx_dir is None else str(onnx_dir)),
+            name="baa-engine", daemon=True,
+        )
+        self._process.start()
+        child_conn.close()  # the child holds its end; EOF here means the child is gone
+        kind, payload = self._receive(START_TIMEOUT_S, "starting")
+        if kind != "ready":
+            self.close()
+            raise EngineProcessError(f"the engine process failed to load the model: {payload}")
+        self.checkpoint = Path(payload["checkpoint"])
+        self.seed = int(payload["seed"])
+        self.family = str(payload["family"])
+        self.max_len = int(payload["max_len"])
+        self.n_classes = int(payload["n_classes"])
+        self.labels = list(payload["labels"])
+        self.val_accuracy = {float(b): float(a) for b, a in payload["val_accuracy"].items()}
+        self.costs = {float(b): float(c) for b, c in payload["costs"].items()}
+        self.tokenizer, self.pad_id = load_tokenizer(self.folder(), self.max_len)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def _receive(self, timeout: float | None, doing: str) -> tuple[str, Any]:
+        if timeout is not None and not self._conn.poll(timeout):
+            raise EngineProcessError(f"the engine process did not answer within {timeout:.0f} s while {doing}")
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):
+            self._process.join(timeout=1.0)
+            raise EngineProcessError(f"the engine process exited (code {self._process.exitcode}) while {doing}") from None
+
+    def run(self, ids: list[list[int]], budget: float, pad_to: int = 0) -> torch.Tensor:
+        """(batch, n_classes) class probabilities, computed in the child process."""
+        try:
+            self._conn.send((ids, budget, pad_to))
+        except (BrokenPipeError, OSError):
+            raise EngineProcessError(f"the engine process is gone (exit code {self._process.exitcode})") from None
+        kind, payload = self._receive(None, "running a batch")
+        if kind != "ok":
+            raise EngineProcessError(f"the engine process failed a batch: {payload}")
+        return torch.from_numpy(payload)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Ask the child to exit (it finishes the call it is in), then make sure it has."""
+        if self._process.is_alive():
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self._process.join(timeout)
+            if self._process.is_alive():
+                self._process.terminate()
+                self._process.join(timeout)
+        self._conn.close()

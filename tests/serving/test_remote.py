@@ -1,0 +1,79 @@
+"""serve.engine_process: the model in a child process answers exactly as in the server's own."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from budgeted_attention.serving.config import ServeConfig
+from budgeted_attention.serving.engine import Engine
+from budgeted_attention.serving.remote import EngineProcessError, RemoteEngine
+
+FAST = dict(warmup_batches=0, calibration_batch_sizes=[1], max_texts=4, max_text_chars=200, max_batch_size=4)
+TEXTS = ["shares fall as the market opens", "the team won the match", "a new phone"]
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_run):
+    cfg = ServeConfig(budgets=[0.25, 0.5, 1.0], **FAST)
+    remote = RemoteEngine(tiny_run, cfg)
+    yield Engine(tiny_run, cfg), remote
+    remote.close()
+
+
+def test_the_child_answers_as_the_engine_in_this_process(engines):
+    local, remote = engines
+    assert remote.pid not in (None, os.getpid())
+    assert remote.metadata() == local.metadata()
+    assert remote.describe()["labels"] == local.labels and remote.min_allowed_budget() == local.min_allowed_budget()
+    ids = remote.tokenize(TEXTS)
+    assert ids == local.tokenize(TEXTS)
+    for budget in (0.25, 0.5, 1.0):
+        assert torch.equal(remote.run(ids, budget), local.run(ids, budget))
+    assert torch.equal(remote.run(ids, 0.5, pad_to=12), local.run(ids, 0.5, pad_to=12))
+    assert torch.equal(remote.classify(TEXTS, 1.0).probabilities, local.classify(TEXTS, 1.0).probabilities)
+
+
+def test_a_failed_batch_is_reported_and_the_child_keeps_serving(engines):
+    _, remote = engines
+    with pytest.raises(EngineProcessError, match="failed a batch: IndexError"):
+        remote.run([[10**9]], 1.0)  # a token id outside the vocabulary
+    assert remote.run(remote.tokenize(TEXTS[:1]), 1.0).shape == (1, remote.n_classes)
+
+
+def test_a_dead_child_fails_calls_loudly(tiny_run):
+    remote = RemoteEngine(tiny_run, ServeConfig(budgets=[1.0], min_budget=1.0, **FAST))
+    remote._process.kill()
+    remote._process.join(10)
+    with pytest.raises(EngineProcessError, match="exited|gone"):
+        remote.run(remote.tokenize(TEXTS[:1]), 1.0)
+    remote.close()
+
+
+def test_a_load_failure_in_the_child_names_the_problem(tmp_path):
+    with pytest.raises(EngineProcessError, match="failed to load the model: .*budgeted-hard"):
+        RemoteEngine(tmp_path, ServeConfig(**FAST))
+
+
+def test_the_server_with_an_engine_process(tiny_run):
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    from fastapi.testclient import TestClient  # noqa: PLC0415
+
+    from budgeted_attention.serving.app import create_app  # noqa: PLC0415
+
+    app = create_app(tiny_run, ServeConfig(budgets=[0.5, 1.0], engine_process=True, **FAST))
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 120
+        while not app.state.baa.ready and app.state.baa.failed is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert app.state.baa.ready, app.state.baa.failed
+        info = client.get("/v1/info").json()
+        assert info["engine_process"] is True
+        body = client.post("/v1/classify", json={"texts": TEXTS[:2], "budget": 0.5}).json()
+        assert body["budget"] == 0.5 and len(body["probabilities"]) == 2
+        engine = app.state.baa.engine
+        assert isinstance(engine, RemoteEngine)
+    assert not engine._process.is_alive()  # shutdown stopped the child after the last batch
