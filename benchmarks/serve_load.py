@@ -15,6 +15,11 @@ Bounded: 127.0.0.1 only, ``--trial-seconds`` and ``--max-requests`` per trial. S
 5. a schema fuzz run (hypothesis bodies from the OpenAPI schema) counting 5xx;
 6. SIGTERM, and the exit code.
 
+A/B of a server setting: ``--variant KEY=VALUE`` (repeatable) starts a second server with those
+settings added, and every trial runs on both servers, one after the other with the same arrivals,
+so a slow spell of the machine falls on both (its modes are named ``<mode> [KEY=VALUE]``).
+Capacity and deadline are measured on the first server.
+
 Writes ``serve_load.json``, ``results.json`` (no accuracy rows), ``run_info.json``,
 ``results.md`` and ``slo.png`` into ``--out``; ``baa report`` renders the directory.
 """
@@ -141,7 +146,7 @@ def plot(result: dict, path: Path) -> None:
     arrivals = sorted({t["arrivals"] for t in result["trials"]})
     fig, axes = plt.subplots(2, len(arrivals), figsize=(5 * len(arrivals), 7), squeeze=False)
     for column, name in enumerate(arrivals):
-        for mode in MODES:
+        for mode in dict.fromkeys(t["mode"] for t in result["trials"]):  # in order of first appearance
             trials = [t for t in result["trials"] if t["arrivals"] == name and t["mode"] == mode]
             if not trials:  # a mode this run did not test gets no legend entry
                 continue
@@ -170,23 +175,23 @@ async def run(args) -> dict:
                *[item for s in args.set for item in ("--set", s)]]
     started = time.perf_counter()
     server = subprocess.Popen(command)
+    variant = None
+    if args.variant:  # the B server: same command, its own port, the variant settings added
+        variant_command = [*command, *[item for s in args.variant for item in ("--set", s)]]
+        variant_command[variant_command.index("--port") + 1] = str(args.port + 1)
+        variant = subprocess.Popen(variant_command)
+    servers = [(server, base, "")] + ([(variant, f"http://127.0.0.1:{args.port + 1}", f" [{', '.join(args.variant)}]")] if variant else [])
     result: dict = {"setting": {"server_command": " ".join(["baa", *command[3:]]), "texts": len(examples), "trial_seconds": args.trial_seconds,
                                 "max_requests": args.max_requests, "slo_request_fraction": args.slo_fraction,
                                 "capacity_concurrency": args.capacity_concurrency, "seed": args.seed,
                                 "bursty_on_off_s": [BURST_ON_S, BURST_OFF_S]}, "trials": []}
+    if variant:
+        result["setting"]["variant"] = {"settings": args.variant, "server_command": " ".join(["baa", *variant_command[3:]])}
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024)) as client:
-            while True:
-                if server.poll() is not None:
-                    raise SystemExit(f"server exited with code {server.returncode} before it was ready")
-                try:
-                    async with client.get(f"{base}/readyz") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
-            result["setting"]["ready_seconds"] = time.perf_counter() - started
+            for process, address, _ in servers:
+                await wait_ready(client, process, address)
+            result["setting"]["ready_seconds"] = time.perf_counter() - started  # both servers, when two
             url = f"{base}/v1/classify"
             warm = lambda i: ({"texts": [examples[i % len(examples)][0]], "budget": 1.0}, 0)  # noqa: E731
             await closed_loop_capacity(client, url, warm, args.capacity_concurrency, 2.0)  # warm-up
@@ -219,31 +224,51 @@ async def run(args) -> dict:
                 for load in args.loads:
                     for repeat in range(args.repeats):
                         for mode in args.modes:
-                            await asyncio.sleep(1.0)  # let the previous trial's queue drain
-                            seed = args.seed + int(load * 100) + 1000 * repeat
-                            records, peak = await trial(client, url, server.pid, examples, mode, arrivals, load * capacity, args.trial_seconds,
-                                                        args.max_requests, deadline, args.slo_fraction, seed)
-                            summary = summarise(records, deadline, args.trial_seconds)
-                            entry = {"arrivals": arrivals, "load": load, "mode": mode, "repeat": repeat, "summary": summary, "peak_rss_mib": peak}
-                            if args.keep_records:
-                                entry["records"] = records_as_dicts(records)
-                            result["trials"].append(entry)
-                            print(f"{arrivals} {load:g}x {mode} (repeat {repeat}): attainment {summary['slo_attainment']:.3f}, effective acc. "
-                                  f"{summary['effective_accuracy']:.3f}, p95 {summary['p95_ms']}, shed {summary['shed']}, "
-                                  f"5xx {summary['server_errors']}, mean budget {summary['mean_budget']}", flush=True)
+                            for process, address, label in servers:  # A then B, the same arrivals
+                                await asyncio.sleep(1.0)  # let the previous trial's queue drain
+                                seed = args.seed + int(load * 100) + 1000 * repeat
+                                records, peak = await trial(client, f"{address}/v1/classify", process.pid, examples, mode, arrivals,
+                                                            load * capacity, args.trial_seconds, args.max_requests, deadline, args.slo_fraction, seed)
+                                summary = summarise(records, deadline, args.trial_seconds)
+                                entry = {"arrivals": arrivals, "load": load, "mode": mode + label, "repeat": repeat, "summary": summary,
+                                         "peak_rss_mib": peak}
+                                if args.keep_records:
+                                    entry["records"] = records_as_dicts(records)
+                                result["trials"].append(entry)
+                                print(f"{arrivals} {load:g}x {mode + label} (repeat {repeat}): attainment {summary['slo_attainment']:.3f}, "
+                                      f"effective acc. {summary['effective_accuracy']:.3f}, p95 {summary['p95_ms']}, shed {summary['shed']}, "
+                                      f"5xx {summary['server_errors']}, mean budget {summary['mean_budget']}", flush=True)
         if args.fuzz_examples:
             result["fuzz"] = fuzz(base, args.fuzz_examples)
             print(f"fuzz: {result['fuzz']}", flush=True)
     finally:
         stop = time.perf_counter()
-        server.send_signal(signal.SIGTERM)
-        try:
-            code = server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            code = server.wait()
-        result["shutdown"] = {"exit_code": code, "seconds": time.perf_counter() - stop}
+        codes = [shut_down(process) for process, _, _ in servers]
+        result["shutdown"] = {"exit_code": max(codes, key=abs), "seconds": time.perf_counter() - stop}
     return result
+
+
+async def wait_ready(client, process: subprocess.Popen, address: str) -> None:
+    while True:
+        if process.poll() is not None:
+            raise SystemExit(f"server {address} exited with code {process.returncode} before it was ready")
+        try:
+            async with client.get(f"{address}/readyz") as response:
+                if response.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.1)
+
+
+def shut_down(process: subprocess.Popen) -> int:
+    """SIGTERM (graceful shutdown), then the exit code; killed after 60 s."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
 
 
 def main() -> None:
@@ -272,6 +297,8 @@ def main() -> None:
                         help="trials per (arrivals, load, mode), each with its own arrival seed; the report gives mean ± std (timing on a shared machine is noisy)")
     parser.add_argument("--keep-records", action="store_true", help="store every request (send time, latency, status, budget, queue ms) in serve_load.json")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="server setting, passed to baa serve --set")
+    parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
+                        help="A/B: a second server with this setting added (repeatable); every trial runs on both, interleaved")
     args = parser.parse_args()
     if args.capacity_rps < 0:
         parser.error(f"--capacity-rps must be >= 0, got {args.capacity_rps}")

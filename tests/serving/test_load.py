@@ -3,8 +3,7 @@ import random
 import pytest
 
 from budgeted_attention.reporting.serve_load import serve_load_markdown
-from budgeted_attention.serving.load import served_budgets
-from budgeted_attention.serving.load import Record, bursty_arrivals, peak_rate, percentile, poisson_arrivals, summarise
+from budgeted_attention.serving.load import Record, served_budgets, bursty_arrivals, peak_rate, percentile, poisson_arrivals, summarise
 
 
 def test_poisson_arrivals_have_the_requested_rate_and_stay_in_the_window():
@@ -97,3 +96,15 @@ def test_capacity_budgets_are_labelled_with_the_budget_that_runs(capsys):
     assert served_budgets([0.5, 0.3, 0.25, 1.0, 0.05], served) == [0.5, 0.25, 0.1]  # 0.3 runs at 0.25 (once); b = 1 left out
     err = capsys.readouterr().err
     assert "capacity budget 0.3 is not served; the server runs it at b = 0.25" in err and "0.05" in err
+
+
+def test_report_names_the_ab_variant_and_keeps_its_trials_apart():
+    summary = {"requests": 1, "throughput_rps": 1.0, "p50_ms": 1.0, "p95_ms": 1.0, "p99_ms": 1.0, "slo_attainment": 0.9,
+               "effective_accuracy": 0.8, "accuracy_answered": 0.9, "shed": 0, "server_errors": 0, "no_response": 0, "mean_budget": 0.5}
+    trials = [{"arrivals": "bursty", "load": 1.5, "mode": m, "repeat": r, "summary": summary}
+              for r in range(2) for m in ("slo", "slo [engine_process=true]")]
+    result = {"setting": {"variant": {"settings": ["engine_process=true"], "server_command": "baa serve r --set engine_process=true"}},
+              "capacity_rps": 100.0, "deadline_ms": 50.0, "trials": trials}
+    text = serve_load_markdown(result)
+    assert "A/B: a second server (`baa serve r --set engine_process=true`) adds `engine_process=true`" in text
+    assert "| bursty | 1.5x | slo | 2 |" in text and "| bursty | 1.5x | slo [engine_process=true] | 2 |" in text

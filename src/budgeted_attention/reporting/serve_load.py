@@ -20,6 +20,19 @@ def _pct(value: float | None) -> str:
     return "" if value is None else f"{100 * value:.1f}"
 
 
+def _variant_lines(setting: dict[str, Any]) -> list[str]:
+    """The A/B line when a second server ran every trial too (``--variant``)."""
+    variant = setting.get("variant")
+    if not variant:
+        return []
+    added = ", ".join(f"`{v}`" for v in variant.get("settings", []))
+    return [
+        f"A/B: a second server (`{variant.get('server_command', '')}`) adds {added}; every trial ran on both servers, one after "
+        f"the other with the same arrivals (its modes are marked [{', '.join(variant.get('settings', []))}]); capacity and "
+        "deadline are the first server's."
+    ]
+
+
 def serve_load_markdown(result: dict[str, Any]) -> str:
     """Set-up facts, then one row per (arrivals, load, mode): throughput, latency percentiles,
     SLO attainment, effective accuracy, shed requests, server errors, budgets used, peak memory."""
@@ -31,6 +44,7 @@ def serve_load_markdown(result: dict[str, Any]) -> str:
         f"SLO-mode requests ask for {setting.get('slo_request_fraction', 1.0):g} of it (room for the HTTP round trip).",
         f"Test split: {setting.get('texts')} texts with their labels, one text per request; "
         f"{setting.get('trial_seconds')} s per trial (at most {setting.get('max_requests')} requests).",
+        *_variant_lines(setting),
         "",
         "| arrivals | load | mode | repeat | requests | throughput /s | p50 ms | p95 ms | p99 ms | SLO attainment % | effective acc. % | "
         "acc. of answered % | shed | 5xx | no response | mean budget | peak RSS MiB |",

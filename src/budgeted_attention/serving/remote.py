@@ -73,7 +73,11 @@ class RemoteEngine(EngineInfo):
         )
         self._process.start()
         child_conn.close()  # the child holds its end; EOF here means the child is gone
-        kind, payload = self._receive(START_TIMEOUT_S, "starting")
+        try:
+            kind, payload = self._receive(START_TIMEOUT_S, "starting")
+        except EngineProcessError:
+            self.close()
+            raise
         if kind != "ready":
             self.close()
             raise EngineProcessError(f"the engine process failed to load the model: {payload}")
