@@ -251,6 +251,20 @@ def test_ladder_trains_smaller_dense_models_for_equal_steps_and_times_them(tmp_p
     assert row["cost_kind"] == "smaller-dense" and 0 < row["cost"] < 0.5
     assert row["steps"] == cfg.train.dense_steps + cfg.path_steps  # equal steps with budgeted-hard
     assert row["speedup"] > 0 and row["ideal_speedup"] == pytest.approx(1 / row["cost"])
+    # The timing is a unit of its own: redone (on a quiet machine) without retraining the model.
+    units = tmp_path / "run" / "units" / "seed0"
+    trained = (units / "ladder-0.json").read_text()
+    (units / "bench-ladder-0.json").unlink()
+    Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None).run()
+    assert (units / "ladder-0.json").read_text() == trained and (units / "bench-ladder-0.json").exists()
+    again = [r for r in json.loads((tmp_path / "run" / "results.json").read_text())["rows"] if r["method"] == "ladder"][0]
+    assert again["accuracy"] == row["accuracy"] and again["speedup"] > 0
+    # Without the saved model (a run from before ladder models were saved) the timing says what to do.
+    (units / "bench-ladder-0.json").unlink()
+    for path in (tmp_path / "run" / "checkpoints" / "seed0").glob("ladder-0.*"):
+        path.unlink()
+    with pytest.raises(CheckpointError, match="delete units/seed0/ladder-0.json to retrain it"):
+        Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None).run()
 
 
 def test_ladder_config_is_validated(tmp_path):

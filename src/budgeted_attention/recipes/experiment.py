@@ -577,30 +577,43 @@ class Experiment:
 
     def _ladder(self, seed: int, index: int) -> dict[str, Any]:
         """A smaller dense model of the same family trained from scratch for the budgeted-hard path's
-        total steps, timed against the full dense model's plain reference."""
+        total steps, saved as ``ladder-<index>``; its unit ``bench-ladder-<index>`` times it."""
         big, _ = self._load(seed, "dense")
         entry = self.cfg.ladder[index]
         config = big.config.unpruned(**{"head_dim": 0, **_shape(entry)}, ffn_group_size=0)
         model = type(big)(config)
         steps = self._steps_of(seed, "dense") + self.cfg.path_steps
         log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, steps=steps, desc=f"ladder {index}", task=self.task)
-        seq = self._bench_seq()
-        fraction = model.cost_model(seq).total_flops() / big.cost_model(seq).total_flops()
+        save_model(model, self._ckpt(seed, f"ladder-{index}"), method="ladder", seed=seed, steps=log.steps)
+        fraction = self._ladder_fraction(big, model)
         row = ResultRow(
             method="ladder", budget=round(min(1.0, fraction), 3), seed=seed, **self._metrics(model),
             cost=fraction, cost_kind="smaller-dense", steps=log.steps, heads_kept=sum(config.heads_per_layer),
             heads_per_layer=config.heads_per_layer, ideal_speedup=1.0 / fraction, flops_fraction=fraction,
             ffn_per_layer=[config.d_ff] * config.n_layers, scope="all",  # its cost is whole-model FLOPs
         )
-        timed: list[dict[str, Any]] = []
-        # Under torchrun only rank 0 times: every rank timing its own copy at once would contend for
-        # the cores; the other ranks' records are never written, so they skip it.
-        if distributed.current().is_main:
-            cfg = dataclasses.replace(self._bench_cfg([]), include_sliced=False)
-            timed = bench_against_reference(big, {"ladder": model}, cfg, **self._bench_kwargs())
-            row.attach_speed({**timed[0], "ideal_speedup": 1.0 / fraction})
         row.variant = entry.get("name")
-        return {"rows": [row], "shape": entry, "bench": timed, "loss_curve": log.loss_curve()}
+        return {"rows": [row], "shape": entry, "loss_curve": log.loss_curve()}
+
+    def _ladder_fraction(self, big: GatedModel, model: GatedModel) -> float:
+        """The ladder model's forward FLOPs over the full model's, at the bench sequence length."""
+        seq = self._bench_seq()
+        return model.cost_model(seq).total_flops() / big.cost_model(seq).total_flops()
+
+    def _bench_ladder(self, seed: int, index: int) -> dict[str, Any]:
+        """Time ladder model ``index`` against the full dense model's plain reference: a unit of its
+        own, so the timing can be redone on a quiet machine (delete its record) without retraining."""
+        big, _ = self._load(seed, "dense")
+        path = self._ckpt(seed, f"ladder-{index}")
+        if not path.with_suffix(".json").exists():
+            raise CheckpointError(
+                f"ladder model '{path}.json' is missing (a run made before ladder models were saved); "
+                f"delete units/seed{seed}/ladder-{index}.json to retrain it"
+            )
+        model, _ = self._load(seed, f"ladder-{index}")
+        cfg = dataclasses.replace(self._bench_cfg([]), include_sliced=False)
+        timed = bench_against_reference(big, {"ladder": model}, cfg, **self._bench_kwargs())
+        return {"rows": [], "bench": timed, "ideal_speedup": 1.0 / self._ladder_fraction(big, model)}
 
     def _routed(self, seed: int, method: str) -> dict[str, Any]:
         """Per-input head routing (BudgetFormer: ``learned``; ours: ``capped``) trained from the dense
@@ -708,6 +721,7 @@ class Experiment:
             if "ladder" in methods:
                 for index in range(len(self.cfg.ladder)):
                     units.append((seed, f"ladder-{index}", lambda s=seed, i=index: self._ladder(s, i)))
+                    units.append((seed, f"bench-ladder-{index}", lambda s=seed, i=index: self._bench_ladder(s, i)))
             routed = [m for m in ROUTED_METHODS if m in methods]
             for method in routed:
                 units.append((seed, method, lambda s=seed, m=method: self._routed(s, m)))
@@ -735,6 +749,7 @@ class Experiment:
         routed_benches: dict[int, dict[str, Any]] = {}
         self.routed_records: dict[str, dict[int, dict[str, Any]]] = {}
         self.curves: dict[str, list[list[float]]] = {}
+        ladder_rows: dict[tuple[int, str], list[dict[str, Any]]] = {}
         bar = tqdm(units, desc=self.cfg.name, disable=not self.progress)
         for index, (seed, name, work) in enumerate(bar):
             bar.set_postfix(unit=f"seed{seed}/{name}")
@@ -742,8 +757,12 @@ class Experiment:
             rows += record.get("rows", [])
             if name == "dense" and record.get("loss_curve"):
                 self.curves[f"dense, seed {seed}"] = record["loss_curve"]
-            if name.startswith("ladder-") and record.get("loss_curve"):
-                self.curves[f"ladder {record['shape'].get('name', name.removeprefix('ladder-'))}, seed {seed}"] = record["loss_curve"]
+            if name.startswith("ladder-"):
+                ladder_rows[(seed, name.removeprefix("ladder-"))] = record.get("rows", [])  # the same dicts as in ``rows``
+                if record.get("loss_curve"):
+                    self.curves[f"ladder {record['shape'].get('name', name.removeprefix('ladder-'))}, seed {seed}"] = record["loss_curve"]
+            if name.startswith("bench-ladder-"):
+                self._attach_ladder_bench(ladder_rows.get((seed, name.removeprefix("bench-ladder-")), []), record)
             if name in BENCH_UNITS:
                 benches.setdefault(BENCH_UNITS[name], {})[seed] = record["bench"]
             if name == "bench-routed":
@@ -769,6 +788,16 @@ class Experiment:
                     record = ResultRow(**{k: v for k, v in row.items() if k in ResultRow.__dataclass_fields__})
                     record.attach_speed(first[row["budget"]])
                     row.update(record.to_dict())
+
+    @staticmethod
+    def _attach_ladder_bench(rows: list[dict[str, Any]], record: dict[str, Any]) -> None:
+        """A ``bench-ladder-<i>`` record's measured speed onto the rows of ``ladder-<i>``."""
+        if not record.get("bench"):  # a rank other than 0 under torchrun: rank 0 timed alone
+            return
+        for row in rows:
+            result = ResultRow(**{k: v for k, v in row.items() if k in ResultRow.__dataclass_fields__})
+            result.attach_speed({**record["bench"][0], "ideal_speedup": record["ideal_speedup"]})
+            row.update(result.to_dict())
 
     def _write_routed_outputs(self) -> None:
         """``routed.md`` / ``routed.json``: per-input routing speed, calibration and heads by difficulty."""
