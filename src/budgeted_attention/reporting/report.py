@@ -441,7 +441,7 @@ def update_report(
     merged += [(name, fresh[name]) for name in names if name in fresh]
     note = (
         f"Updated by `{render_command(sys.argv if command is None else command)}` on {time.strftime('%Y-%m-%d %H:%M:%S %z')}: "
-        f"section{'s' if len(names) > 1 else ''} {', '.join(names)} rewritten from {'their' if len(names) > 1 else 'its'} run "
+        f"section{'s' if len(names) > 1 else ''} {', '.join(names)} written from {'their' if len(names) > 1 else 'its'} run "
         f"director{'ies' if len(names) > 1 else 'y'}, the others as they were."
     )
     contents = _CONTENTS + ", ".join(f"[{name}](#{_anchor(name)})" for name, _ in merged) + "."
