@@ -51,7 +51,9 @@ def test_interrupted_run_resumes_to_identical_results(tmp_path, monkeypatch):
         Experiment(cfg, tmp_path / "resumed", progress=False, log=lambda *_: None).run()
     assert not (tmp_path / "resumed" / "results.json").exists()
     finished = sorted(p.name for p in (tmp_path / "resumed" / "units" / "seed0").glob("*.json"))
-    assert "dense.json" in finished and "static-b0.5.json" in finished
+    assert "dense.json" in finished and "static-b0.5.json" in finished and "bench-static-b0.5.json" in finished
+    static = [r for r in json.loads((tmp_path / "straight" / "results.json").read_text())["rows"] if r["method"] == "static"]
+    assert static and all(r["speedup"] > 0 for r in static)  # timed by its own unit (bench-static-b0.5)
 
     monkeypatch.setattr(Experiment, "_static", original)
     messages = []

@@ -57,7 +57,7 @@ from tqdm.auto import tqdm
 
 from budgeted_attention.benchmark.config import BenchConfig
 from budgeted_attention.benchmark.runner import bench_against_reference, bench_markdown, bench_models, bench_ranking
-from budgeted_attention.checkpoint import load_model, load_ranking, save_model
+from budgeted_attention.checkpoint import checkpoint_paths, load_model, load_ranking, save_model
 from budgeted_attention.config import (
     apply_overrides,
     check_budgets,
@@ -523,7 +523,8 @@ class Experiment:
         return {"bench": bench_ranking(model, ranking, self._bench_cfg(budgets), **self._bench_kwargs())}
 
     def _static(self, seed: int, budget: float) -> dict[str, Any]:
-        """A specialist for one budget: soft gates at b only, its own top-k, hard adaptation, pruned and timed."""
+        """A specialist for one budget: soft gates at b only, its own top-k, hard adaptation; saved as
+        ``static-b<b>`` and timed by the unit ``bench-static-b<b>``."""
         dense, description = self._load(seed, "dense")
         model = copy.deepcopy(dense)
         # One budget only: the sandwich rule does not apply to a specialist.
@@ -533,13 +534,23 @@ class Experiment:
         rows = self._soft_rows("static-soft", model, seed, soft_steps, [budget])
         ranking = self._rank(model, model.unit_gates(budget))
         hard_log = train_hard(model, self.splits.train, fixed, ranking, seed=seed, budgets=(budget, budget), desc=f"static-hard b={budget}", progress=self.progress, task=self.task)
-        kept = {budget: ranking.kept(budget)}
-        hard_rows = self._hard_rows("static", model, seed, soft_steps + hard_log.steps, kept)
-        bench: dict[str, Any] = {"rows": []}
-        if distributed.current().is_main:  # timing on rank 0 alone, as in _ladder
-            bench = bench_models(model, kept, dataclasses.replace(self._bench_cfg([budget]), include_sliced=False), **self._bench_kwargs())
-            hard_rows[0].attach_speed(bench["rows"][0])
-        return {"rows": rows + hard_rows, "bench": bench}
+        hard_rows = self._hard_rows("static", model, seed, soft_steps + hard_log.steps, {budget: ranking.kept(budget)})
+        save_model(model, self._ckpt(seed, f"static-b{budget}"), method="static", seed=seed, steps=soft_steps + hard_log.steps, ranking=ranking.to_dict())
+        return {"rows": rows + hard_rows}
+
+    def _bench_static(self, seed: int, budget: float) -> dict[str, Any]:
+        """Time the specialist of ``budget`` pruned to its kept units (a unit of its own, so the timing
+        can be redone without retraining)."""
+        name = f"static-b{budget}"
+        _, description_path = checkpoint_paths(self._ckpt(seed, name))
+        if not description_path.exists():
+            raise CheckpointError(
+                f"specialist '{description_path}' is missing (a run made before specialists were saved); "
+                f"delete units/seed{seed}/{name}.json to retrain it"
+            )
+        model, description = self._load(seed, name)
+        kept = {budget: load_ranking(self._ckpt(seed, name), description, model).kept(budget)}
+        return {"rows": [], "bench": bench_models(model, kept, dataclasses.replace(self._bench_cfg([budget]), include_sliced=False), **self._bench_kwargs())}
 
     def _posthoc_ranking(self, seed: int) -> Ranking:
         path = self.out / "units" / f"seed{seed}" / "posthoc-ranking.json"
@@ -604,10 +615,10 @@ class Experiment:
         """Time ladder model ``index`` against the full dense model's plain reference: a unit of its
         own, so the timing can be redone on a quiet machine (delete its record) without retraining."""
         big, _ = self._load(seed, "dense")
-        path = self._ckpt(seed, f"ladder-{index}")
-        if not path.with_suffix(".json").exists():
+        _, description_path = checkpoint_paths(self._ckpt(seed, f"ladder-{index}"))
+        if not description_path.exists():
             raise CheckpointError(
-                f"ladder model '{path}.json' is missing (a run made before ladder models were saved); "
+                f"ladder model '{description_path}' is missing (a run made before ladder models were saved); "
                 f"delete units/seed{seed}/ladder-{index}.json to retrain it"
             )
         model, _ = self._load(seed, f"ladder-{index}")
@@ -712,6 +723,7 @@ class Experiment:
             if methods & {"static", "static-soft"}:
                 for b in self.cfg.static_budgets:
                     units.append((seed, f"static-b{b}", lambda s=seed, b=b: self._static(s, b)))
+                    units.append((seed, f"bench-static-b{b}", lambda s=seed, b=b: self._bench_static(s, b)))
             if "posthoc" in methods:
                 units.append((seed, "posthoc", lambda s=seed: self._posthoc(s)))
             for method in ("posthoc-recovered", "posthoc-recovered-1ep"):
@@ -763,6 +775,9 @@ class Experiment:
                     self.curves[f"ladder {record['shape'].get('name', name.removeprefix('ladder-'))}, seed {seed}"] = record["loss_curve"]
             if name.startswith("bench-ladder-"):
                 self._attach_ladder_bench(ladder_rows.get((seed, name.removeprefix("bench-ladder-")), []), record)
+            if name.startswith("bench-static-") and record.get("bench"):  # rank 0 timed alone under torchrun
+                timed = record["bench"]["rows"][0]
+                self._attach_speed([r for r in rows if r["method"] == "static" and r["seed"] == seed and r["budget"] == timed["budget"]], timed)
             if name in BENCH_UNITS:
                 benches.setdefault(BENCH_UNITS[name], {})[seed] = record["bench"]
             if name == "bench-routed":
@@ -785,19 +800,20 @@ class Experiment:
                     first.setdefault(r["budget"], r)
             for row in rows:
                 if row["method"] == method and row["seed"] == seed and row["budget"] in first:
-                    record = ResultRow(**{k: v for k, v in row.items() if k in ResultRow.__dataclass_fields__})
-                    record.attach_speed(first[row["budget"]])
-                    row.update(record.to_dict())
+                    self._attach_speed([row], first[row["budget"]])
 
     @staticmethod
-    def _attach_ladder_bench(rows: list[dict[str, Any]], record: dict[str, Any]) -> None:
-        """A ``bench-ladder-<i>`` record's measured speed onto the rows of ``ladder-<i>``."""
-        if not record.get("bench"):  # a rank other than 0 under torchrun: rank 0 timed alone
-            return
+    def _attach_speed(rows: list[dict[str, Any]], bench_row: dict[str, Any]) -> None:
+        """One benchmark row's measured speed onto result rows (dicts, updated in place)."""
         for row in rows:
             result = ResultRow(**{k: v for k, v in row.items() if k in ResultRow.__dataclass_fields__})
-            result.attach_speed({**record["bench"][0], "ideal_speedup": record["ideal_speedup"]})
+            result.attach_speed(bench_row)
             row.update(result.to_dict())
+
+    def _attach_ladder_bench(self, rows: list[dict[str, Any]], record: dict[str, Any]) -> None:
+        """A ``bench-ladder-<i>`` record's measured speed onto the rows of ``ladder-<i>``."""
+        if record.get("bench"):  # empty on a rank other than 0 under torchrun: rank 0 timed alone
+            self._attach_speed(rows, {**record["bench"][0], "ideal_speedup": record["ideal_speedup"]})
 
     def _write_routed_outputs(self) -> None:
         """``routed.md`` / ``routed.json``: per-input routing speed, calibration and heads by difficulty."""
@@ -826,12 +842,8 @@ class Experiment:
             timed = {(r["method"], r["budget"]): r for r in bench["rows"] if r["batch_size"] == first_batch}
             for row in rows:
                 entry = timed.get((row["method"], row["budget"])) if row["seed"] == seed else None
-                if entry is None:
-                    continue
-                record = ResultRow(**{k: v for k, v in row.items() if k in ResultRow.__dataclass_fields__})
-                # The FLOP-ideal of the timed (validation) inputs goes with their measured speed.
-                record.attach_speed(entry)
-                row.update(record.to_dict())
+                if entry is not None:  # the FLOP-ideal of the timed (validation) inputs goes with their measured speed
+                    self._attach_speed([row], entry)
 
     def _source(self) -> str:
         if self.cfg.task == "lm":
