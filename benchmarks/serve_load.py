@@ -175,23 +175,26 @@ async def run(args) -> dict:
                *[item for s in args.set for item in ("--set", s)]]
     started = time.perf_counter()
     server = subprocess.Popen(command)
-    variant = None
+    servers = [(server, base, "")]
+    variant_command = []
     if args.variant:  # the B server: same command, its own port, the variant settings added
         variant_command = [*command, *[item for s in args.variant for item in ("--set", s)]]
         variant_command[variant_command.index("--port") + 1] = str(args.port + 1)
-        variant = subprocess.Popen(variant_command)
-    servers = [(server, base, "")] + ([(variant, f"http://127.0.0.1:{args.port + 1}", f" [{', '.join(args.variant)}]")] if variant else [])
     result: dict = {"setting": {"server_command": " ".join(["baa", *command[3:]]), "texts": len(examples), "trial_seconds": args.trial_seconds,
                                 "max_requests": args.max_requests, "slo_request_fraction": args.slo_fraction,
                                 "capacity_concurrency": args.capacity_concurrency, "seed": args.seed,
                                 "bursty_on_off_s": [BURST_ON_S, BURST_OFF_S]}, "trials": []}
-    if variant:
+    if variant_command:
         result["setting"]["variant"] = {"settings": args.variant, "server_command": " ".join(["baa", *variant_command[3:]])}
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024)) as client:
-            for process, address, _ in servers:
-                await wait_ready(client, process, address)
-            result["setting"]["ready_seconds"] = time.perf_counter() - started  # both servers, when two
+            await wait_ready(client, server, base)
+            result["setting"]["ready_seconds"] = time.perf_counter() - started
+            if variant_command:  # started once the first is ready, so neither start-up slows the other
+                started = time.perf_counter()
+                servers.append((subprocess.Popen(variant_command), f"http://127.0.0.1:{args.port + 1}", f" [{', '.join(args.variant)}]"))
+                await wait_ready(client, servers[1][0], servers[1][1])
+                result["setting"]["variant"]["ready_seconds"] = time.perf_counter() - started
             url = f"{base}/v1/classify"
             warm = lambda i: ({"texts": [examples[i % len(examples)][0]], "budget": 1.0}, 0)  # noqa: E731
             await closed_loop_capacity(client, url, warm, args.capacity_concurrency, 2.0)  # warm-up

@@ -26,8 +26,9 @@ def _variant_lines(setting: dict[str, Any]) -> list[str]:
     if not variant:
         return []
     added = ", ".join(f"`{v}`" for v in variant.get("settings", []))
+    ready = f" (ready {variant['ready_seconds']:.1f} s after start)" if variant.get("ready_seconds") is not None else ""
     return [
-        f"A/B: a second server (`{variant.get('server_command', '')}`) adds {added}; every trial ran on both servers, one after "
+        f"A/B: a second server (`{variant.get('server_command', '')}`{ready}) adds {added}; every trial ran on both servers, one after "
         f"the other with the same arrivals (its modes are marked [{', '.join(variant.get('settings', []))}]); capacity and "
         "deadline are the first server's."
     ]
