@@ -69,16 +69,26 @@ def test_examples(run_dir: Path) -> list[tuple[str, int]]:
     return [(e.text, e.label) for e in test]
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants: uvicorn workers, engine processes (``serve.engine_process``).
+    Children are listed per thread (``/proc/PID/task/TID/children``): an engine process started from
+    the server's loader thread is a child of that thread, not of the main one."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                pending += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    return found
+
+
 def rss_mib(pid: int) -> float:
-    """Resident memory of a process and its children (uvicorn workers), MiB."""
+    """Resident memory of a process and all its descendants, MiB."""
     total = 0.0
-    pids = [pid]
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        pids += [int(c) for c in children]
-    except OSError:
-        pass
-    for p in pids:
+    for p in process_tree(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
