@@ -219,10 +219,11 @@ def test_arrival_window_must_not_be_negative():
 
 
 def test_the_arrival_record_stays_bounded_without_policy_batches():
-    batcher = make(FakeRunner(), arrival_window_ms=100.0)
-    for arrival in range(0, 10_000, 10):  # fixed-budget traffic only: _forecast never runs
-        batcher._note_arrival(float(arrival), 1)
-    assert len(batcher._recent) <= 11
+    for memory, bound in ((0.0, 11), (4000.0, 401)):  # the window, or the memory when longer
+        batcher = make(FakeRunner(), arrival_window_ms=100.0, arrival_memory_ms=memory)
+        for arrival in range(0, 10_000, 10):  # fixed-budget traffic only: _forecast never runs
+            batcher._note_arrival(float(arrival), 1)
+        assert len(batcher._recent) <= bound
     off = make(FakeRunner(), arrival_window_ms=0.0)
     off._note_arrival(0.0, 1)
     assert len(off._recent) == 0
