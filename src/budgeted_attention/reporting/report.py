@@ -92,10 +92,13 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     serve_load = _read_json(serve_load_path) if serve_load_path.is_file() else None
     if serve_load is not None and (not isinstance(serve_load, dict) or not isinstance(serve_load.get("trials"), list)):
         raise ReportError(f"malformed load test in '{serve_load_path}': expected {{\"trials\": [...], ...}}")
-    name = config.get("name") if isinstance(config.get("name"), str) and config.get("name") else path.resolve().name
+    # A section is named after its run directory: one config can make several runs (`--set
+    # seeds=[0] --out runs/x_seed0`), and a name taken from the config would collide.
+    config_name = config.get("name") if isinstance(config.get("name"), str) and config.get("name") else None
     return {
         "path": path,
-        "name": name,
+        "name": path.resolve().name,
+        "config_name": config_name,
         "config": config,
         "info": info,
         "results": results,
@@ -297,6 +300,8 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
     if run["wall_time"]:
         lines.append(f"- Wall time: {run['wall_time']}")
     lines.append(f"- Run directory: `{run['path']}`")
+    if run.get("config_name") and run["config_name"] != run["name"]:
+        lines.append(f"- Config name: `{run['config_name']}` (this run directory holds a variant of it, see the commands)")
     if run["results"].get("partial"):
         lines += ["", f"**{run['results']['partial']}**"]
     if isinstance(run["config"].get("notes"), str) and run["config"]["notes"].strip():
@@ -436,6 +441,14 @@ def update_report(
     names = [run["name"] for run in runs]
     if len(set(names)) != len(names):
         raise ReportError(f"two run directories named the same ({', '.join(names)}): one section each")
+    for run in runs:  # a section of the same name from another directory is another run: never replace it
+        existing = next((body for name, body in sections if name == run["name"]), None)
+        found = re.search(r"^- Run directory: `(.+)`$", existing or "", re.MULTILINE)
+        if found and Path(found.group(1)).resolve() != Path(run["path"]).resolve():
+            raise ReportError(
+                f"'{out}' already has a section '{run['name']}' from run directory '{found.group(1)}', not '{run['path']}'; "
+                "regenerate the whole report, or report this run from a directory of another name"
+            )
     fresh = {run["name"]: run_section(run, figures_dir=figures, out=out) for run in runs}
     merged = [(name, fresh.pop(name, body)) for name, body in sections]
     merged += [(name, fresh[name]) for name in names if name in fresh]
