@@ -25,6 +25,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 # Every run docs/results.md cites (several hours on 2 cores; each is resumable), then the page itself.
+# One new or rerun run: baa report RUN_DIR --out docs/results.md --update (the other sections stay).
 results: $(STAMP)
 	$(BIN)/baa demo --no-progress --out runs/demo
 	$(BIN)/baa demo --no-progress --config configs/synthetic_d256.yaml --out runs/d256
@@ -52,9 +53,19 @@ results: $(STAMP)
 	$(BIN)/python benchmarks/serve_load.py runs/minilm_bbc_short_all --out runs/serve_load_minilm --trial-seconds 20 --fuzz-examples 300
 	$(BIN)/python benchmarks/serve_load.py runs/minilm_bbc_short_all --out runs/serve_load_minilm_floor01 --trial-seconds 20 --loads 1.5,2 \
 		--arrivals bursty,poisson --modes slo --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 --capacity-budgets 0.5,0.25,0.1 --repeats 3
+	$(BIN)/baa demo --no-progress --config configs/d256_all_skip.yaml --out runs/d256_all_skip
+	$(BIN)/baa experiment --no-progress configs/bbc_short_all_skip.yaml
+	$(BIN)/baa experiment --no-progress configs/minilm_bbc_short_all.yaml --set 'seeds=[0]' --set 'methods=[dense,budgeted,budgeted-hard]' --out runs/minilm_all_seed0
+	$(BIN)/python benchmarks/serve_load.py runs/minilm_all_seed0 --out runs/serve_ab_engine_process --trial-seconds 20 --loads 1.5,2 --arrivals bursty \
+		--modes slo,fixed-0.5 --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 \
+		--set engine_process=false --capacity-budgets 0.5,0.25,0.1 --repeats 3 --variant engine_process=true
+	$(BIN)/python benchmarks/serve_load.py runs/minilm_all_seed0 --out runs/serve_ab_arrival_memory --trial-seconds 20 --loads 1.5,2 --arrivals bursty \
+		--modes slo --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 \
+		--set engine_process=true --set arrival_memory_ms=0 --capacity-budgets 0.5,0.25,0.1 --repeats 3 --variant arrival_memory_ms=4000
 	$(BIN)/baa report runs/demo runs/d256 runs/bbc_short runs/minilm_bbc_short runs/demo_all runs/d256_all runs/bbc_short_all runs/minilm_bbc_short_all \
 		runs/tiny_lm_bayesian runs/tiny_lm_prior_free runs/tiny_lm_softmax runs/meta_long runs/lm_san_compare runs/lm_san_compare_long runs/lm_san runs/lm_char \
-		runs/routing_bbc_short runs/routing_demo runs/routing_minilm_bbc_short runs/serve_load_minilm runs/serve_load_minilm_floor01 --out docs/results.md
+		runs/routing_bbc_short runs/routing_demo runs/routing_minilm_bbc_short runs/serve_load_minilm runs/serve_load_minilm_floor01 \
+		runs/d256_all_skip runs/minilm_all_seed0 runs/serve_ab_engine_process runs/serve_ab_arrival_memory runs/bbc_short_all_skip --out docs/results.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
