@@ -16,8 +16,9 @@ Bounded: 127.0.0.1 only, ``--trial-seconds`` and ``--max-requests`` per trial. S
 6. SIGTERM, and the exit code.
 
 A/B of a server setting: ``--variant KEY=VALUE`` (repeatable) starts a second server with those
-settings added, and every trial runs on both servers, one after the other with the same arrivals,
-so a slow spell of the machine falls on both (its modes are named ``<mode> [KEY=VALUE]``).
+settings added, and every trial runs on both servers, one after the other with the same arrivals
+(the second server first on odd repeats), so a slow spell of the machine falls on both (its modes
+are named ``<mode> [KEY=VALUE]``).
 Capacity and deadline are measured on the first server.
 
 Writes ``serve_load.json``, ``results.json`` (no accuracy rows), ``run_info.json``,
@@ -237,14 +238,16 @@ async def run(args) -> dict:
                 for load in args.loads:
                     for repeat in range(args.repeats):
                         for mode in args.modes:
-                            for process, address, label in servers:  # A then B, the same arrivals
+                            # A then B with the same arrivals; B first on odd repeats, so neither
+                            # always runs right after the other's backlog or in its slot of a drift.
+                            for position, (process, address, label) in enumerate(servers if repeat % 2 == 0 else servers[::-1]):
                                 await asyncio.sleep(1.0)  # let the previous trial's queue drain
                                 seed = args.seed + int(load * 100) + 1000 * repeat
                                 records, peak = await trial(client, f"{address}/v1/classify", process.pid, examples, mode, arrivals,
                                                             load * capacity, args.trial_seconds, args.max_requests, deadline, args.slo_fraction, seed)
                                 summary = summarise(records, deadline, args.trial_seconds)
                                 entry = {"arrivals": arrivals, "load": load, "mode": mode + label, "repeat": repeat, "summary": summary,
-                                         "peak_rss_mib": peak}
+                                         "peak_rss_mib": peak, "order": position}
                                 if args.keep_records:
                                     entry["records"] = records_as_dicts(records)
                                 result["trials"].append(entry)

@@ -15,7 +15,7 @@ import warnings
 from typing import NoReturn
 
 from budgeted_attention import __version__
-from budgeted_attention.errors import BAAError
+from budgeted_attention.errors import BAAError, ConfigError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -272,6 +272,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
         command += ["--title", args.title] if args.title != "Results" else []
         command += ["--update"] if args.update else []
     figures = Path(args.figures_dir) if args.figures_dir else None
+    if args.update and args.title != "Results":
+        raise ConfigError("--title has no effect with --update (the report keeps its title)")
     if args.update:
         print(update_report([Path(p) for p in args.run_dirs], Path(args.out), figures, command=command))
         return 0

@@ -261,12 +261,30 @@ def test_ladder_trains_smaller_dense_models_for_equal_steps_and_times_them(tmp_p
     assert (units / "ladder-0.json").read_text() == trained and (units / "bench-ladder-0.json").exists()
     again = [r for r in json.loads((tmp_path / "run" / "results.json").read_text())["rows"] if r["method"] == "ladder"][0]
     assert again["accuracy"] == row["accuracy"] and again["speedup"] > 0
-    # Without the saved model (a run from before ladder models were saved) the timing says what to do.
+    # A run from before ladder models were saved: the training record holds the timing, which is reused.
+    old_style = json.loads(trained)
+    old_style["bench"] = json.loads((units / "bench-ladder-0.json").read_text())["bench"]
+    (units / "ladder-0.json").write_text(json.dumps(old_style))
     (units / "bench-ladder-0.json").unlink()
     for path in (tmp_path / "run" / "checkpoints" / "seed0").glob("ladder-0.*"):
         path.unlink()
-    with pytest.raises(CheckpointError, match="delete units/seed0/ladder-0.json to retrain it"):
+    Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None).run()
+    reused = [r for r in json.loads((tmp_path / "run" / "results.json").read_text())["rows"] if r["method"] == "ladder"][0]
+    assert reused["speedup"] == again["speedup"] and reused["ideal_speedup"] == pytest.approx(1 / row["cost"])
+    # Neither the model nor a timing: the error says what to delete.
+    (units / "bench-ladder-0.json").unlink()
+    (units / "ladder-0.json").write_text(trained)
+    with pytest.raises(CheckpointError, match="delete that record to retrain it"):
         Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None).run()
+
+
+def test_split_off_timing_units_take_no_seed_index():
+    from budgeted_attention.recipes.experiment import seed_indices
+
+    plan = [(0, "dense", None), (0, "static-b0.5", None), (0, "bench-static-b0.5", None), (0, "ladder-0", None),
+            (0, "bench-ladder-0", None), (0, "ladder-1", None), (1, "dense", None)]
+    # The indices the units had before timing was split off: dense 0, static 1, ladder-0 2, ladder-1 3, seed 1's dense 4.
+    assert seed_indices(plan) == [0, 1, 2, 2, 3, 3, 4]
 
 
 def test_ladder_config_is_validated(tmp_path):

@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 from budgeted_attention.cli import main  # noqa: E402
-from budgeted_attention.reporting.report import ReportError, build_report, render_command, update_report, write_report  # noqa: E402
+from budgeted_attention.reporting.report import ReportError, build_report, render_command, split_report, update_report, write_report  # noqa: E402
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -285,9 +285,24 @@ def test_sections_are_named_after_run_directories_and_update_never_replaces_anot
     assert main(["report", str(seed0), "--out", str(out), "--update"]) == 0  # config name bbc_short, its own section
     text = out.read_text()
     assert "## bbc_short\n" in text and "## bbc_short_seed0\n" in text
-    assert "- Config name: `bbc_short` (this run directory holds a variant" in _section(text, "bbc_short_seed0")
+    assert "- Config name: `bbc_short` (the run directory has another name" in _section(text, "bbc_short_seed0")
     assert "Config name" not in _section(text, "bbc_short")
     same_name = make_experiment_run(tmp_path / "third")  # another directory called bbc_short
     with pytest.raises(ReportError, match="already has a section 'bbc_short' from run directory"):
         update_report([same_name], out)
     assert out.read_text() == text
+
+
+def test_update_replaces_the_section_of_the_same_run_directory_whatever_its_name(tmp_path, capsys):
+    exp = make_experiment_run(tmp_path)
+    out = tmp_path / "docs" / "results.md"
+    write_report([exp], out, command="baa report runs/bbc_short --out docs/results.md")
+    old = out.read_text().replace("## bbc_short\n", "## bbc_config_name\n")  # an older report named it after the config
+    old = old.replace("[bbc_short](#bbc_short)", "[bbc_config_name](#bbc_config_name)")
+    out.write_text(old + "\n## not a run: a heading in a run's notes\n")
+    assert [name for name, _ in split_report(out.read_text())[1]] == ["bbc_config_name"]  # listed in Contents only
+    update_report([exp], out)
+    text = out.read_text()
+    assert text.count(f"- Run directory: `{exp}`") == 1 and "## bbc_config_name" not in text and "## bbc_short\n" in text
+    assert main(["report", str(exp), "--out", str(out), "--update", "--title", "Other"]) == 2
+    assert "--title has no effect with --update" in capsys.readouterr().err

@@ -108,3 +108,6 @@ def test_report_names_the_ab_variant_and_keeps_its_trials_apart():
     text = serve_load_markdown(result)
     assert "A/B: a second server (`baa serve r --set engine_process=true`) adds `engine_process=true`" in text
     assert "| bursty | 1.5x | slo | 2 |" in text and "| bursty | 1.5x | slo [engine_process=true] | 2 |" in text
+    assert "the first server first in every repeat" in text  # no order recorded: the runs before alternation
+    trials[2]["order"] = 1
+    assert "the second server first on odd repeats" in serve_load_markdown(result)

@@ -77,3 +77,22 @@ def test_the_server_with_an_engine_process(tiny_run):
         engine = app.state.baa.engine
         assert isinstance(engine, RemoteEngine)
     assert not engine._process.is_alive()  # shutdown stopped the child after the last batch
+
+
+def test_a_dead_engine_process_makes_the_server_unready(tiny_run):
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    from fastapi.testclient import TestClient  # noqa: PLC0415
+
+    from budgeted_attention.serving.app import create_app  # noqa: PLC0415
+
+    app = create_app(tiny_run, ServeConfig(budgets=[1.0], min_budget=1.0, **FAST))  # engine_process: the default
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 120
+        while not app.state.baa.ready and app.state.baa.failed is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.get("/readyz").status_code == 200
+        app.state.baa.engine._process.kill()
+        app.state.baa.engine._process.join(10)
+        response = client.get("/readyz")
+        assert response.status_code == 503 and "engine process exited" in response.json()["error"]
+        assert client.post("/v1/classify", json={"texts": ["a"]}).status_code == 503

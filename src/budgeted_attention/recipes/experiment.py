@@ -295,6 +295,22 @@ def evaluate_model(model: GatedModel, splits: TensorSplits, batch: int, task: Ta
     }
 
 
+# Timing units split off from training units after runs were published: they draw no random
+# numbers and take no seed index, so every other unit keeps the seed it had before the split.
+SPLIT_TIMING_UNITS = ("bench-ladder-", "bench-static-")
+
+
+def seed_indices(units: list[tuple[int, str, Any]]) -> list[int]:
+    """Per unit, the index its random seed is derived from (``1000 * seed + index``): its position
+    in the plan, not counting the split-off timing units."""
+    indices, position = [], 0
+    for _, name, _ in units:
+        indices.append(position)
+        if not name.startswith(SPLIT_TIMING_UNITS):
+            position += 1
+    return indices
+
+
 class Experiment:
     """Runs the units of an :class:`ExperimentConfig` into a run directory, skipping finished ones."""
 
@@ -538,16 +554,26 @@ class Experiment:
         save_model(model, self._ckpt(seed, f"static-b{budget}"), method="static", seed=seed, steps=soft_steps + hard_log.steps, ranking=ranking.to_dict())
         return {"rows": rows + hard_rows}
 
+    def _saved_or_timed(self, seed: int, name: str) -> dict[str, Any] | None:
+        """None when the model of training unit ``name`` was saved (time it now); else the timing
+        its record holds (a run made before timing was split from training, resumed)."""
+        _, description_path = checkpoint_paths(self._ckpt(seed, name))
+        if description_path.exists():
+            return None
+        record = self._read_unit(self._unit_path(seed, name))
+        if record.get("bench"):
+            return record
+        raise CheckpointError(
+            f"'{description_path}' is missing and units/seed{seed}/{name}.json holds no timing; delete that record to retrain it"
+        )
+
     def _bench_static(self, seed: int, budget: float) -> dict[str, Any]:
         """Time the specialist of ``budget`` pruned to its kept units (a unit of its own, so the timing
         can be redone without retraining)."""
         name = f"static-b{budget}"
-        _, description_path = checkpoint_paths(self._ckpt(seed, name))
-        if not description_path.exists():
-            raise CheckpointError(
-                f"specialist '{description_path}' is missing (a run made before specialists were saved); "
-                f"delete units/seed{seed}/{name}.json to retrain it"
-            )
+        old = self._saved_or_timed(seed, name)
+        if old is not None:
+            return {"rows": [], "bench": old["bench"]}
         model, description = self._load(seed, name)
         kept = {budget: load_ranking(self._ckpt(seed, name), description, model).kept(budget)}
         return {"rows": [], "bench": bench_models(model, kept, dataclasses.replace(self._bench_cfg([budget]), include_sliced=False), **self._bench_kwargs())}
@@ -614,13 +640,10 @@ class Experiment:
     def _bench_ladder(self, seed: int, index: int) -> dict[str, Any]:
         """Time ladder model ``index`` against the full dense model's plain reference: a unit of its
         own, so the timing can be redone on a quiet machine (delete its record) without retraining."""
+        old = self._saved_or_timed(seed, f"ladder-{index}")
+        if old is not None:
+            return {"rows": [], "bench": old["bench"], "ideal_speedup": old["rows"][0]["ideal_speedup"]}
         big, _ = self._load(seed, "dense")
-        _, description_path = checkpoint_paths(self._ckpt(seed, f"ladder-{index}"))
-        if not description_path.exists():
-            raise CheckpointError(
-                f"ladder model '{description_path}' is missing (a run made before ladder models were saved); "
-                f"delete units/seed{seed}/ladder-{index}.json to retrain it"
-            )
         model, _ = self._load(seed, f"ladder-{index}")
         cfg = dataclasses.replace(self._bench_cfg([]), include_sliced=False)
         timed = bench_against_reference(big, {"ladder": model}, cfg, **self._bench_kwargs())
@@ -763,7 +786,7 @@ class Experiment:
         self.curves: dict[str, list[list[float]]] = {}
         ladder_rows: dict[tuple[int, str], list[dict[str, Any]]] = {}
         bar = tqdm(units, desc=self.cfg.name, disable=not self.progress)
-        for index, (seed, name, work) in enumerate(bar):
+        for (seed, name, work), index in zip(bar, seed_indices(units), strict=True):
             bar.set_postfix(unit=f"seed{seed}/{name}")
             record = self._unit(seed, name, index, work)
             rows += record.get("rows", [])
@@ -774,8 +797,9 @@ class Experiment:
                 if record.get("loss_curve"):
                     self.curves[f"ladder {record['shape'].get('name', name.removeprefix('ladder-'))}, seed {seed}"] = record["loss_curve"]
             if name.startswith("bench-ladder-"):
-                self._attach_ladder_bench(ladder_rows.get((seed, name.removeprefix("bench-ladder-")), []), record)
-            if name.startswith("bench-static-") and record.get("bench"):  # rank 0 timed alone under torchrun
+                timed = {**record["bench"][0], "ideal_speedup": record["ideal_speedup"]}
+                self._attach_speed(ladder_rows.get((seed, name.removeprefix("bench-ladder-")), []), timed)
+            if name.startswith("bench-static-"):
                 timed = record["bench"]["rows"][0]
                 self._attach_speed([r for r in rows if r["method"] == "static" and r["seed"] == seed and r["budget"] == timed["budget"]], timed)
             if name in BENCH_UNITS:
@@ -809,11 +833,6 @@ class Experiment:
             result = ResultRow(**{k: v for k, v in row.items() if k in ResultRow.__dataclass_fields__})
             result.attach_speed(bench_row)
             row.update(result.to_dict())
-
-    def _attach_ladder_bench(self, rows: list[dict[str, Any]], record: dict[str, Any]) -> None:
-        """A ``bench-ladder-<i>`` record's measured speed onto the rows of ``ladder-<i>``."""
-        if record.get("bench"):  # empty on a rank other than 0 under torchrun: rank 0 timed alone
-            self._attach_speed(rows, {**record["bench"][0], "ideal_speedup": record["ideal_speedup"]})
 
     def _write_routed_outputs(self) -> None:
         """``routed.md`` / ``routed.json``: per-input routing speed, calibration and heads by difficulty."""

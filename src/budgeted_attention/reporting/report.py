@@ -301,7 +301,7 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
         lines.append(f"- Wall time: {run['wall_time']}")
     lines.append(f"- Run directory: `{run['path']}`")
     if run.get("config_name") and run["config_name"] != run["name"]:
-        lines.append(f"- Config name: `{run['config_name']}` (this run directory holds a variant of it, see the commands)")
+        lines.append(f"- Config name: `{run['config_name']}` (the run directory has another name; the commands show how it was run)")
     if run["results"].get("partial"):
         lines += ["", f"**{run['results']['partial']}**"]
     if isinstance(run["config"].get("notes"), str) and run["config"]["notes"].strip():
@@ -405,6 +405,10 @@ def split_report(text: str, source: Path | str = "the report") -> tuple[list[str
     returned it, so ``build``-ing the parts again gives the same document.
     """
     headings = list(_SECTION_HEADING.finditer(text))
+    contents = re.search(r"^Contents: (.*)$", text[: headings[0].start()] if headings else "", re.MULTILINE)
+    if contents:  # a '## ' line inside a section (a run's notes) is not a section of its own
+        listed = set(re.findall(r"\[([^\]]+)\]\(#", contents.group(1)))
+        headings = [h for h in headings if h.group(1).strip() in listed]
     if not headings or not text.startswith("# "):
         raise ReportError(f"'{source}' is not a report written by 'baa report' (no '# title' or no '## run' sections)")
     header = text[: headings[0].start()].rstrip("\n").split("\n")
@@ -413,6 +417,33 @@ def split_report(text: str, source: Path | str = "the report") -> tuple[list[str
         end = headings[i + 1].start() - 1 if i + 1 < len(headings) else len(text)  # minus the joining newline
         sections.append((match.group(1).strip(), text[match.start() : end]))
     return header, sections
+
+
+_RUN_DIRECTORY = re.compile(r"^- Run directory: `(.+)`$", re.MULTILINE)
+
+
+def _same_directory(recorded: str, path: Path) -> bool:
+    """Whether a section's recorded run directory is ``path`` (as written, or once resolved)."""
+    return recorded == str(path) or Path(recorded).resolve() == Path(path).resolve()
+
+
+def _section_of(sections: list[tuple[str, str]], run: dict[str, Any], out: Path) -> int | None:
+    """The index of ``run``'s section in ``sections`` (None: a new run). Found by its run directory,
+    so a section an older report named after the config is replaced, not duplicated. A section of
+    the same name from another directory is another run: refused, never replaced."""
+    for index, (_, body) in enumerate(sections):
+        recorded = _RUN_DIRECTORY.search(body)
+        if recorded and _same_directory(recorded.group(1), run["path"]):
+            return index
+    for name, body in sections:
+        if name == run["name"]:
+            recorded = _RUN_DIRECTORY.search(body)
+            raise ReportError(
+                f"'{out}' already has a section '{name}' from run directory "
+                f"'{recorded.group(1) if recorded else 'unknown'}', not '{run['path']}'; "
+                "regenerate the whole report, or report this run from a directory of another name"
+            )
+    return None
 
 
 def update_report(
@@ -441,17 +472,14 @@ def update_report(
     names = [run["name"] for run in runs]
     if len(set(names)) != len(names):
         raise ReportError(f"two run directories named the same ({', '.join(names)}): one section each")
-    for run in runs:  # a section of the same name from another directory is another run: never replace it
-        existing = next((body for name, body in sections if name == run["name"]), None)
-        found = re.search(r"^- Run directory: `(.+)`$", existing or "", re.MULTILINE)
-        if found and Path(found.group(1)).resolve() != Path(run["path"]).resolve():
-            raise ReportError(
-                f"'{out}' already has a section '{run['name']}' from run directory '{found.group(1)}', not '{run['path']}'; "
-                "regenerate the whole report, or report this run from a directory of another name"
-            )
-    fresh = {run["name"]: run_section(run, figures_dir=figures, out=out) for run in runs}
-    merged = [(name, fresh.pop(name, body)) for name, body in sections]
-    merged += [(name, fresh[name]) for name in names if name in fresh]
+    merged = list(sections)
+    for run in runs:
+        place = _section_of(merged, run, out)
+        body = run_section(run, figures_dir=figures, out=out)
+        if place is None:
+            merged.append((run["name"], body))
+        else:
+            merged[place] = (run["name"], body)
     note = (
         f"Updated by `{render_command(sys.argv if command is None else command)}` on {time.strftime('%Y-%m-%d %H:%M:%S %z')}: "
         f"section{'s' if len(names) > 1 else ''} {', '.join(names)} written from {'their' if len(names) > 1 else 'its'} run "

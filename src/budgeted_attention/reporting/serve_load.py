@@ -20,16 +20,18 @@ def _pct(value: float | None) -> str:
     return "" if value is None else f"{100 * value:.1f}"
 
 
-def _variant_lines(setting: dict[str, Any]) -> list[str]:
+def _variant_lines(result: dict[str, Any]) -> list[str]:
     """The A/B line when a second server ran every trial too (``--variant``)."""
-    variant = setting.get("variant")
+    variant = result.get("setting", {}).get("variant")
     if not variant:
         return []
     added = ", ".join(f"`{v}`" for v in variant.get("settings", []))
     ready = f" (ready {variant['ready_seconds']:.1f} s after start)" if variant.get("ready_seconds") is not None else ""
+    alternating = any(t.get("order") for t in result.get("trials", []))
+    order = "the second server first on odd repeats" if alternating else "the first server first in every repeat"
     return [
         f"A/B: a second server (`{variant.get('server_command', '')}`{ready}) adds {added}; every trial ran on both servers, one after "
-        f"the other with the same arrivals (its modes are marked [{', '.join(variant.get('settings', []))}]); capacity and "
+        f"the other with the same arrivals ({order}; its modes are marked [{', '.join(variant.get('settings', []))}]); capacity and "
         "deadline are the first server's."
     ]
 
@@ -45,7 +47,7 @@ def serve_load_markdown(result: dict[str, Any]) -> str:
         f"SLO-mode requests ask for {setting.get('slo_request_fraction', 1.0):g} of it (room for the HTTP round trip).",
         f"Test split: {setting.get('texts')} texts with their labels, one text per request; "
         f"{setting.get('trial_seconds')} s per trial (at most {setting.get('max_requests')} requests).",
-        *_variant_lines(setting),
+        *_variant_lines(result),
         "",
         "| arrivals | load | mode | repeat | requests | throughput /s | p50 ms | p95 ms | p99 ms | SLO attainment % | effective acc. % | "
         "acc. of answered % | shed | 5xx | no response | mean budget | peak RSS MiB |",

@@ -98,6 +98,14 @@ class ServerState:
         self.ready_seconds: float | None = None  # from app creation (imports before it not counted)
         self.startup: dict[str, float] = {}
 
+    def serving(self) -> bool:
+        """Ready, and the engine can still answer: a dead engine process turns the server unready
+        (``/readyz`` 503, requests 503) instead of failing every batch."""
+        if self.ready and not self.engine.alive():
+            self.ready, self.failed = False, "the engine process exited; restart the server"
+            log.error("baa serve: %s", self.failed)
+        return self.ready
+
 
 def calibrate_engine(engine: Any, cfg: ServeConfig, seq_len: int) -> LatencyModel:
     """Time every configured budget at the calibration batch sizes with synthetic texts of ``seq_len`` tokens."""
@@ -177,7 +185,7 @@ def create_app(
         await loader
         if state.batcher is not None:
             await state.batcher.drain()  # in-flight and queued requests finish first
-        if hasattr(state.engine, "close"):  # the engine process (serve.engine_process) exits after its last batch
+        if engine is None and hasattr(state.engine, "close"):  # our engine process exits after the last batch
             await asyncio.to_thread(state.engine.close)
         worker_exited()  # with several workers: this one's queue gauge stops counting
 
@@ -209,7 +217,7 @@ def create_app(
     @app.get("/readyz", responses={503: {"model": ErrorResponse}})
     async def readyz() -> Any:
         """200 once the model is loaded and warmed, else 503."""
-        if state.ready:
+        if state.serving():
             return {"status": "ready", "ready_seconds": round(state.ready_seconds or 0.0, 3), **state.startup}
         return _error(503, state.failed or "loading", {"Retry-After": "1"})
 
@@ -221,7 +229,7 @@ def create_app(
     @app.get("/v1/info")
     async def info() -> Any:
         """Model, budgets with their estimated cost and validation accuracy, the latency model."""
-        if not state.ready:
+        if not state.serving():
             return _error(503, state.failed or "loading", {"Retry-After": "1"})
         return {
             **state.engine.describe(),
@@ -247,7 +255,7 @@ def create_app(
         if body.budget is not None and body.latency_ms is not None:
             state.metrics.request(422)
             return _error(422, "give either budget or latency_ms, not both")
-        if not state.ready:
+        if not state.serving():
             state.metrics.request(503)
             return _error(503, state.failed or "model is loading", {"Retry-After": "1"})
         ids = state.engine.tokenize(body.texts)

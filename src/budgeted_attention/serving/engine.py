@@ -150,6 +150,11 @@ class EngineInfo:
     costs: dict[float, float]
     tokenizer: Tokenizer
     pad_id: int
+    in_child = False  # the model runs in a child process (RemoteEngine)
+
+    def alive(self) -> bool:
+        """Whether the model can answer (a child process can die; this process cannot)."""
+        return True
 
     def folder(self) -> Path:
         """The run directory, or the checkpoint's folder when given a checkpoint file."""
@@ -189,7 +194,7 @@ class EngineInfo:
             "family": self.family,
             "seed": self.seed,
             "backend": self.cfg.backend,
-            "engine_process": self.cfg.engine_process,
+            "engine_process": self.in_child,
             "budgets": self.cfg.budgets,
             "estimated_cost": {str(b): round(c, 4) for b, c in self.costs.items()},
             "validation_accuracy": {str(b): round(a, 4) for b, a in sorted(self.val_accuracy.items())},

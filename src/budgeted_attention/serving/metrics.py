@@ -48,7 +48,10 @@ def forget_dead_workers(directory: str) -> list[int]:
         if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
             dead.add(int(pid))
     for pid in sorted(dead):
-        multiprocess.mark_process_dead(pid, directory)
+        try:
+            multiprocess.mark_process_dead(pid, directory)
+        except FileNotFoundError:  # another worker's scrape removed the files first
+            pass
     return sorted(dead)
 
 

@@ -14,6 +14,8 @@ builds the same :class:`~budgeted_attention.serving.engine.Engine` the server wo
 from __future__ import annotations
 
 import multiprocessing
+import signal
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,9 @@ from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.engine import EngineInfo, load_tokenizer
 
 START_TIMEOUT_S = 600.0  # loading a large checkpoint on a slow disk; a failed load answers at once
+# A batch that has not come back after this long means a hung child: it is killed, the batch fails
+# and the server stops being ready. Far above any batch a CPU server runs (seconds at most).
+RUN_TIMEOUT_S = 300.0
 
 
 class EngineProcessError(RuntimeError):
@@ -33,17 +38,23 @@ class EngineProcessError(RuntimeError):
 def _child(conn, run_dir: str, settings: dict[str, Any], seed: int | None, onnx_dir: str | None) -> None:
     """The child's loop: build the engine, send its metadata, then answer ``(ids, budget, pad_to)``
     with ``("ok", probabilities as a NumPy array)`` or ``("error", message)`` until ``None`` or EOF."""
+    # The server decides when the engine stops (it drains its queue first): Ctrl-C in a terminal or
+    # a service manager's SIGTERM reach the whole process group, and must not end this process early.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from budgeted_attention.config import from_dict  # noqa: PLC0415
     from budgeted_attention.serving.engine import Engine  # noqa: PLC0415
 
     try:
         engine = Engine(run_dir, from_dict(ServeConfig, settings, "serve"), seed=seed, onnx_dir=onnx_dir)
+        reply: tuple[str, Any] = ("ready", engine.metadata())
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
-        return
-    conn.send(("ready", engine.metadata()))
+        reply, engine = ("error", f"{type(exc).__name__}: {exc}"), None
     while True:
         try:
+            conn.send(reply)
+            if engine is None:
+                return
             message = conn.recv()
         except (EOFError, OSError):  # the server went away
             return
@@ -53,8 +64,8 @@ def _child(conn, run_dir: str, settings: dict[str, Any], seed: int | None, onnx_
         try:
             reply = ("ok", engine.run(ids, budget, pad_to).numpy())
         except Exception as exc:  # noqa: BLE001 - one failed batch, not a dead engine
+            traceback.print_exc()  # the child's stderr is the server's: the whole traceback in its log
             reply = ("error", f"{type(exc).__name__}: {exc}")
-        conn.send(reply)
 
 
 class RemoteEngine(EngineInfo):
@@ -74,12 +85,14 @@ class RemoteEngine(EngineInfo):
         self._process.start()
         child_conn.close()  # the child holds its end; EOF here means the child is gone
         try:
-            kind, payload = self._receive(START_TIMEOUT_S, "starting")
-        except EngineProcessError:
+            self._adopt(*self._receive(START_TIMEOUT_S, "starting"))
+        except BaseException:  # nothing may leave a child holding a model copy behind
             self.close()
             raise
+
+    def _adopt(self, kind: str, payload: Any) -> None:
+        """Take the child's metadata (or its load error) and load the tokenizer here."""
         if kind != "ready":
-            self.close()
             raise EngineProcessError(f"the engine process failed to load the model: {payload}")
         self.checkpoint = Path(payload["checkpoint"])
         self.seed = int(payload["seed"])
@@ -91,9 +104,15 @@ class RemoteEngine(EngineInfo):
         self.costs = {float(b): float(c) for b, c in payload["costs"].items()}
         self.tokenizer, self.pad_id = load_tokenizer(self.folder(), self.max_len)
 
+    in_child = True
+
     @property
     def pid(self) -> int | None:
         return self._process.pid
+
+    def alive(self) -> bool:
+        """Whether the child can still answer (``/readyz`` turns 503 when it cannot)."""
+        return self._process.is_alive()
 
     def _receive(self, timeout: float | None, doing: str) -> tuple[str, Any]:
         if timeout is not None and not self._conn.poll(timeout):
@@ -110,7 +129,11 @@ class RemoteEngine(EngineInfo):
             self._conn.send((ids, budget, pad_to))
         except (BrokenPipeError, OSError):
             raise EngineProcessError(f"the engine process is gone (exit code {self._process.exitcode})") from None
-        kind, payload = self._receive(None, "running a batch")
+        try:
+            kind, payload = self._receive(RUN_TIMEOUT_S, "running a batch")
+        except EngineProcessError:
+            self._process.kill()  # hung or gone: later calls fail at once instead of waiting again
+            raise
         if kind != "ok":
             raise EngineProcessError(f"the engine process failed a batch: {payload}")
         return torch.from_numpy(payload)
@@ -124,6 +147,6 @@ class RemoteEngine(EngineInfo):
                 pass
             self._process.join(timeout)
             if self._process.is_alive():
-                self._process.terminate()
+                self._process.kill()  # it ignores SIGTERM (see _child)
                 self._process.join(timeout)
         self._conn.close()
