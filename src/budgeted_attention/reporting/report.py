@@ -405,7 +405,7 @@ def split_report(text: str, source: Path | str = "the report") -> tuple[list[str
     returned it, so ``build``-ing the parts again gives the same document.
     """
     headings = list(_SECTION_HEADING.finditer(text))
-    contents = re.search(r"^Contents: (.*)$", text[: headings[0].start()] if headings else "", re.MULTILINE)
+    contents = re.search(rf"^{re.escape(_CONTENTS)}(.*)$", text[: headings[0].start()] if headings else "", re.MULTILINE)
     if contents:  # a '## ' line inside a section (a run's notes) is not a section of its own
         listed = set(re.findall(r"\[([^\]]+)\]\(#", contents.group(1)))
         headings = [h for h in headings if h.group(1).strip() in listed]
@@ -472,9 +472,9 @@ def update_report(
     names = [run["name"] for run in runs]
     if len(set(names)) != len(names):
         raise ReportError(f"two run directories named the same ({', '.join(names)}): one section each")
+    places = [_section_of(sections, run, out) for run in runs]  # every refusal before any figure is copied
     merged = list(sections)
-    for run in runs:
-        place = _section_of(merged, run, out)
+    for run, place in zip(runs, places, strict=True):
         body = run_section(run, figures_dir=figures, out=out)
         if place is None:
             merged.append((run["name"], body))

@@ -101,7 +101,8 @@ class ServerState:
     def serving(self) -> bool:
         """Ready, and the engine can still answer: a dead engine process turns the server unready
         (``/readyz`` 503, requests 503) instead of failing every batch."""
-        if self.ready and not self.engine.alive():
+        alive = getattr(self.engine, "alive", None)  # an engine given to create_app may not have it
+        if self.ready and alive is not None and not alive():
             self.ready, self.failed = False, "the engine process exited; restart the server"
             log.error("baa serve: %s", self.failed)
         return self.ready
