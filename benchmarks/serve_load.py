@@ -221,7 +221,10 @@ async def run(args) -> dict:
             result["capacity_by_budget"] = {"1": measured}  # measured, like the other budgets
             async with client.get(f"{base}/v1/info") as response:
                 served = sorted(float(b) for b in (await response.json())["budgets"])
-            for budget in served_budgets(args.capacity_budgets, served):
+            budgets, moved = served_budgets(args.capacity_budgets, served)
+            for asked, runs in moved.items():
+                print(f"capacity budget {asked:g} is not served; the server runs it at b = {runs:g}", flush=True)
+            for budget in budgets:
                 body = lambda i, b=budget: ({"texts": [examples[i % len(examples)][0]], "budget": b}, 0)  # noqa: E731
                 result["capacity_by_budget"][f"{budget:g}"] = await closed_loop_capacity(client, url, body, args.capacity_concurrency, args.capacity_seconds)
                 print(f"capacity at b = {budget:g}: {result['capacity_by_budget'][f'{budget:g}']:.1f} requests/s", flush=True)

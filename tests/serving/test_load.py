@@ -91,11 +91,11 @@ def test_a_given_deadline_is_reported_beside_the_measured_one():
     assert "Deadline: 86.0 ms = the p95 of fixed b = 1" in serve_load_markdown({**base, "deadline_ms": 86.0})
 
 
-def test_capacity_budgets_are_labelled_with_the_budget_that_runs(capsys):
+def test_capacity_budgets_are_labelled_with_the_budget_that_runs():
     served = [0.1, 0.25, 0.5, 0.75, 1.0]
-    assert served_budgets([0.5, 0.3, 0.25, 1.0, 0.05], served) == [0.5, 0.25, 0.1]  # 0.3 runs at 0.25 (once); b = 1 left out
-    err = capsys.readouterr().err
-    assert "capacity budget 0.3 is not served; the server runs it at b = 0.25" in err and "0.05" in err
+    budgets, moved = served_budgets([0.5, 0.3, 0.25, 1.0, 0.05], served)
+    assert budgets == [0.5, 0.25, 0.1]  # 0.3 runs at 0.25 (once); b = 1 left out
+    assert moved == {0.3: 0.25, 0.05: 0.1}
 
 
 def test_report_names_the_ab_variant_and_keeps_its_trials_apart():

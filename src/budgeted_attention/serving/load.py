@@ -17,7 +17,6 @@ import asyncio
 import math
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -174,15 +173,15 @@ def records_as_dicts(records: list[Record]) -> list[dict[str, Any]]:
     return [asdict(r) for r in records]
 
 
-def served_budgets(asked: list[float], served: list[float]) -> list[float]:
+def served_budgets(asked: list[float], served: list[float]) -> tuple[list[float], dict[float, float]]:
     """The budgets the server runs for ``asked`` (it rounds a budget down to a configured one, or up
     to the smallest), once each and without b = 1, so each capacity is labelled with the budget
-    that actually ran."""
-    result = []
+    that actually ran; and the asked budgets it does not serve, with the one it runs instead."""
+    result, moved = [], {}
     for budget in asked:
         runs = snap_to(budget, served)
         if abs(runs - budget) > 1e-9:
-            print(f"capacity budget {budget:g} is not served; the server runs it at b = {runs:g}", file=sys.stderr, flush=True)
+            moved[budget] = runs
         if runs != 1.0 and runs not in result:
             result.append(runs)
-    return result
+    return result, moved
