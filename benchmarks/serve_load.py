@@ -21,6 +21,12 @@ settings added, and every trial runs on both servers, one after the other with t
 are named ``<mode> [KEY=VALUE]``).
 Capacity and deadline are measured on the first server.
 
+On a small machine the load generator competes with the server for cores: ``--loadgen-cpus``
+pins it (once the servers are up; they keep every CPU) to CPUs of its own, for example the one the
+server process keeps when ``--set engine_cpus=[1]`` gives the engine the other. The load
+generator's own garbage collector is off during each trial (it collects between trials): a full
+collection stalls its event loop, and the answers arriving meanwhile would be timed late.
+
 Writes ``serve_load.json``, ``results.json`` (no accuracy rows), ``run_info.json``,
 ``results.md`` and ``slo.png`` into ``--out``; ``baa report`` renders the directory.
 """
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import random
 import signal
@@ -46,7 +53,9 @@ from budgeted_attention.config import from_dict, load_yaml
 from budgeted_attention.data.sources import load_source
 from budgeted_attention.data.text import TextDataConfig, split_examples
 from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
+from budgeted_attention.errors import ConfigError
 from budgeted_attention.reporting.serve_load import serve_load_markdown
+from budgeted_attention.serving.process import check_cpus, pin_process
 from budgeted_attention.serving.load import (
     ARRIVALS,
     BURST_OFF_S,
@@ -122,7 +131,15 @@ async def trial(client, url, pid, examples, mode, arrivals_name, rate, seconds, 
 
     peak, stop = [0.0], asyncio.Event()
     watcher = asyncio.create_task(watch_memory(pid, peak, stop))
-    records = await send_open_loop(client, url, arrivals, make, timeout_s=30.0)
+    # No garbage collection in this process while requests are in flight: a full collection of the
+    # objects this process holds stalls its event loop for tens of milliseconds, and the answers
+    # that arrive meanwhile would be timed late and the sends due meanwhile go out in one clump.
+    gc.collect()
+    gc.disable()
+    try:
+        records = await send_open_loop(client, url, arrivals, make, timeout_s=30.0)
+    finally:
+        gc.enable()
     stop.set()
     await watcher
     return records, peak[0]
@@ -206,6 +223,9 @@ async def run(args) -> dict:
                 servers.append((subprocess.Popen(variant_command), f"http://127.0.0.1:{args.port + 1}", f" [{', '.join(args.variant)}]"))
                 await wait_ready(client, servers[1][0], servers[1][1])
                 result["setting"]["variant"]["ready_seconds"] = time.perf_counter() - started
+            if args.loadgen_cpus:  # pinned once every server has started, so that none inherits it
+                pin_process(args.loadgen_cpus)
+                result["setting"]["loadgen_cpus"] = args.loadgen_cpus
             url = f"{base}/v1/classify"
             warm = lambda i: ({"texts": [examples[i % len(examples)][0]], "budget": 1.0}, 0)  # noqa: E731
             await closed_loop_capacity(client, url, warm, args.capacity_concurrency, 2.0)  # warm-up
@@ -315,6 +335,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="trials per (arrivals, load, mode), each with its own arrival seed; the report gives mean ± std (timing on a shared machine is noisy)")
     parser.add_argument("--keep-records", action="store_true", help="store every request (send time, latency, status, budget, queue ms) in serve_load.json")
+    parser.add_argument("--loadgen-cpus", default="",
+                        help="comma-separated CPU ids this load generator runs on (after the servers have started; Linux), "
+                             "e.g. the ones left to the server process by --set engine_cpus=[1]; empty: the operating system decides")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="server setting, passed to baa serve --set")
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
                         help="A/B: a second server with this setting added (repeatable); every trial runs on both, interleaved")
@@ -325,6 +348,10 @@ def main() -> None:
         parser.error(f"--deadline-ms must be >= 0, got {args.deadline_ms}")
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    try:
+        args.loadgen_cpus = check_cpus([int(x) for x in args.loadgen_cpus.split(",") if x.strip()], "--loadgen-cpus")
+    except (ValueError, ConfigError) as exc:
+        parser.error(str(exc) if isinstance(exc, ConfigError) else f"--loadgen-cpus must be comma-separated CPU ids: {exc}")
     args.loads = [float(x) for x in args.loads.split(",")]
     args.capacity_budgets = [float(x) for x in args.capacity_budgets.split(",") if x and float(x) != 1.0]  # b = 1 is the dense capacity
     args.arrivals = [a for a in args.arrivals.split(",") if a]

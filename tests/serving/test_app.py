@@ -14,7 +14,7 @@ from budgeted_attention.serving.fuzz import encode_body, request_bodies  # noqa:
 
 # The model in this process (engine_process off): the in-process branch, and fast to start;
 # tests/serving/test_remote.py covers the server with its engine process (the default).
-FAST = dict(warmup_batches=0, calibration_batch_sizes=[1], max_texts=4, max_text_chars=200, max_batch_size=4, engine_process=False)
+FAST = dict(freeze_gc=False, warmup_batches=0, calibration_batch_sizes=[1], max_texts=4, max_text_chars=200, max_batch_size=4, engine_process=False)
 
 
 def wait_ready(client, seconds=60.0):

@@ -247,3 +247,70 @@ def test_with_a_memory_the_forecast_keeps_the_recent_peak_through_a_pause():
     assert rates[2000.0] == pytest.approx(11 / 100.0)  # the burst's peak window (10 ms steps, ends inclusive)
     with pytest.raises(Exception, match="serve.arrival_memory_ms"):
         ServeConfig(arrival_memory_ms=-1.0)
+
+
+def _queued(batcher, deadlines_from_now, n_tokens=4):
+    """Put policy jobs straight into the queue (no worker): one text of the calibration length each
+    (so a batch of k takes k x the per-text time), deadlines in ms from now."""
+    from budgeted_attention.serving.batcher import SLO, now_ms  # noqa: PLC0415
+
+    loop = asyncio.new_event_loop()
+    clock = now_ms()
+    for i, due in enumerate(deadlines_from_now):
+        job = Job([[i] * n_tokens], SLO, clock + due, clock, loop.create_future())
+        batcher.queue.append(job)
+        batcher.queued_texts += 1
+    return loop
+
+
+def test_deadline_batching_cuts_a_batch_to_the_requests_that_finish_in_time():
+    runner = FakeRunner({0.5: 10.0, 1.0: 20.0})  # 10 ms per text at the floor
+    batcher = make(runner, max_batch_size=8, deadline_batching=True)
+    loop = _queued(batcher, [45.0, 60.0, 80.0, 90.0, 95.0, 200.0])
+    batch = batcher._take_batch()
+    # 4 texts take 40 ms and meet the first deadline (45 ms); a fifth would end at 50 ms.
+    assert [job.ids[0][0] for job in batch] == [0, 1, 2, 3]
+    assert len(batcher.queue) == 2 and batcher.queued_texts == 2
+    loop.close()
+
+
+def test_without_deadline_batching_the_batch_is_full():
+    runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
+    batcher = make(runner, max_batch_size=8)
+    loop = _queued(batcher, [45.0, 60.0, 80.0, 90.0, 95.0, 200.0])
+    assert len(batcher._take_batch()) == 6
+    loop.close()
+
+
+def test_deadline_batching_keeps_the_whole_batch_when_even_the_first_request_is_late():
+    runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
+    batcher = make(runner, max_batch_size=8, deadline_batching=True, shed_expired=False)
+    loop = _queued(batcher, [5.0, 60.0, 80.0])
+    assert len(batcher._take_batch()) == 3
+    loop.close()
+
+
+def test_deadline_batching_drops_a_request_that_cannot_finish_even_alone():
+    runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
+    batcher = make(runner, max_batch_size=8, deadline_batching=True)
+    loop = _queued(batcher, [5.0, 60.0])  # the first needs 10 ms at the floor and has 5
+    batcher._shed_expired()
+    assert len(batcher.queue) == 1 and batcher.queued_texts == 1
+    first = batcher.queue[0]
+    assert first.deadline_ms - first.arrival_ms == pytest.approx(60.0)
+    loop.close()
+
+
+def test_a_request_too_close_to_its_deadline_gets_503_naming_why():
+    async def main():
+        runner = FakeRunner({0.5: 30.0, 1.0: 30.0})
+        batcher = make(runner, max_wait_ms=0.0, max_batch_size=1, deadline_batching=True)
+        batcher.start()
+        slow = asyncio.ensure_future(batcher.submit([[1]], 1.0, None))
+        await asyncio.sleep(0.005)
+        with pytest.raises(DeadlineExpired, match="too close to answer in time"):
+            await batcher.submit([[2] * 4], None, 40.0)  # ~25 ms left after the first batch; the floor takes 30
+        await slow
+        await batcher.drain()
+
+    run(main())

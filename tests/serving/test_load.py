@@ -111,3 +111,6 @@ def test_report_names_the_ab_variant_and_keeps_its_trials_apart():
     assert "the first server first in every repeat" in text  # no order recorded: the runs before alternation
     trials[2]["order"] = 1
     assert "the second server first on odd repeats" in serve_load_markdown(result)
+    assert "Load generator pinned" not in serve_load_markdown(result)
+    result["setting"]["loadgen_cpus"] = [0]
+    assert "Load generator pinned to CPU(s) 0 (`--loadgen-cpus`)" in serve_load_markdown(result)

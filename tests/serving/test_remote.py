@@ -12,7 +12,7 @@ from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.engine import Engine
 from budgeted_attention.serving.remote import EngineProcessError, RemoteEngine
 
-FAST = dict(warmup_batches=0, calibration_batch_sizes=[1], max_texts=4, max_text_chars=200, max_batch_size=4)
+FAST = dict(freeze_gc=False, warmup_batches=0, calibration_batch_sizes=[1], max_texts=4, max_text_chars=200, max_batch_size=4)
 TEXTS = ["shares fall as the market opens", "the team won the match", "a new phone"]
 
 
@@ -96,3 +96,42 @@ def test_a_dead_engine_process_makes_the_server_unready(tiny_run):
         response = client.get("/readyz")
         assert response.status_code == 503 and "engine process exited" in response.json()["error"]
         assert client.post("/v1/classify", json={"texts": ["a"]}).status_code == 503
+
+
+def test_the_server_process_leaves_the_engine_cpus_to_the_engine(tiny_run, monkeypatch):
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    from fastapi.testclient import TestClient  # noqa: PLC0415
+
+    from budgeted_attention.serving import app as app_module, process  # noqa: PLC0415
+
+    if not process.supported():
+        pytest.skip("CPU pinning needs Linux")
+    pinned = []
+    monkeypatch.setattr(app_module, "pin_process", pinned.append)  # pinning pytest itself would slow the suite
+    cpu = min(os.sched_getaffinity(0))
+    app = app_module.create_app(tiny_run, ServeConfig(budgets=[1.0], min_budget=1.0, engine_cpus=[cpu], **FAST))
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 120
+        while not app.state.baa.ready and app.state.baa.failed is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert app.state.baa.ready, app.state.baa.failed
+        assert client.get("/v1/info").json()["engine_cpus"] == [cpu]
+        assert os.sched_getaffinity(app.state.baa.engine.pid) == {cpu}
+    assert pinned == [process.server_cpus([cpu])]
+
+
+def test_the_server_freezes_the_garbage_collector_once_ready(tiny_run, monkeypatch):
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    from fastapi.testclient import TestClient  # noqa: PLC0415
+
+    from budgeted_attention.serving import app as app_module  # noqa: PLC0415
+
+    frozen = []
+    monkeypatch.setattr(app_module, "freeze_garbage_collector", lambda: frozen.append(True))  # not pytest's own GC
+    app = app_module.create_app(tiny_run, ServeConfig(budgets=[1.0], min_budget=1.0, **{**FAST, "freeze_gc": True}))
+    with TestClient(app):
+        deadline = time.monotonic() + 120
+        while not app.state.baa.ready and app.state.baa.failed is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert app.state.baa.ready, app.state.baa.failed
+    assert len(frozen) == 1

@@ -25,6 +25,11 @@ def test_defaults_are_valid_and_budgets_sorted():
         ({"min_accuracy": 1.5}, "serve.min_accuracy"),
         ({"shed_expired": "yes"}, "serve.shed_expired"),
         ({"engine_process": "yes"}, "serve.engine_process"),
+        ({"engine_cpus": [-1]}, "serve.engine_cpus[0]"),
+        ({"engine_cpus": "0"}, "serve.engine_cpus"),
+        ({"engine_cpus": [0, 0]}, "serve.engine_cpus lists a CPU twice"),
+        ({"engine_cpus": [100000]}, "serve.engine_cpus: no CPU 100000"),
+        ({"engine_cpus": [0], "engine_process": False}, "serve.engine_cpus .* needs serve.engine_process"),
     ],
 )
 def test_bad_settings_name_the_key(settings, message):

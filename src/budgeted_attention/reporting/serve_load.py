@@ -48,6 +48,8 @@ def serve_load_markdown(result: dict[str, Any]) -> str:
         f"Test split: {setting.get('texts')} texts with their labels, one text per request; "
         f"{setting.get('trial_seconds')} s per trial (at most {setting.get('max_requests')} requests).",
         *_variant_lines(result),
+        *([f"Load generator pinned to CPU(s) {', '.join(map(str, setting['loadgen_cpus']))} (`--loadgen-cpus`) once the servers were up."]
+          if setting.get("loadgen_cpus") else []),
         "",
         "| arrivals | load | mode | repeat | requests | throughput /s | p50 ms | p95 ms | p99 ms | SLO attainment % | effective acc. % | "
         "acc. of answered % | shed | 5xx | no response | mean budget | peak RSS MiB |",

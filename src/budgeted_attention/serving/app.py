@@ -33,6 +33,7 @@ from budgeted_attention.serving.batcher import Batcher, DeadlineExpired, Overloa
 from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.latency import LatencyModel, calibrate
 from budgeted_attention.serving.metrics import ServerMetrics, worker_exited
+from budgeted_attention.serving.process import freeze_garbage_collector, pin_process, server_cpus
 
 log = logging.getLogger("budgeted_attention.serve")
 ENV_SETTINGS = "BAA_SERVE_SETTINGS"  # JSON settings for worker processes (baa serve --workers N)
@@ -160,6 +161,8 @@ def create_app(
             state.engine = engine
         else:
             state.engine = (RemoteEngine if cfg.engine_process else Engine)(run_dir, cfg, seed=seed, onnx_dir=onnx_dir)
+            if cfg.engine_cpus:  # the engine process has pinned itself; this process leaves its CPUs to it
+                pin_process(server_cpus(cfg.engine_cpus))
         state.floor = state.engine.min_allowed_budget()
         loaded = time.monotonic()
         state.latency = calibrate_engine(state.engine, cfg, calibration_length(state.engine, cfg))
@@ -175,6 +178,8 @@ def create_app(
                 log.error("baa serve: model failed to load: %s", state.failed)
                 return
             state.batcher = Batcher(state.engine, cfg, state.latency, state.floor, state.metrics)
+            if cfg.freeze_gc and engine is None:  # a test's injected engine shares this process with pytest
+                freeze_garbage_collector()
             state.batcher.start()
             state.ready = True
             state.ready_seconds = time.monotonic() - state.started

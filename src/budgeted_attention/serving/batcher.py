@@ -15,6 +15,8 @@ Every budget runs on the same weights (the engine's sliced model), so batching b
 nothing. A full queue refuses new work (:class:`Overloaded`, HTTP 503 with ``Retry-After``); a
 request whose deadline passed while it waited is dropped (:class:`DeadlineExpired`) when
 ``shed_expired`` is on, so an overloaded server spends its time on requests that can still make it.
+With ``deadline_batching`` a policy batch is also cut to the requests that can finish in time at the
+floor, and a request that cannot even alone is dropped before its deadline passes.
 """
 
 from __future__ import annotations
@@ -224,19 +226,43 @@ class Batcher:
                 return
 
     def _shed_expired(self) -> None:
+        """Drop the queued requests whose deadline has passed (with ``deadline_batching``: also the
+        policy requests that could not finish by it even alone at the floor, starting now)."""
         if not self.cfg.shed_expired:
             return
         clock = now_ms()
-        expired = [j for j in self.queue if j.deadline_ms < clock]
+        expired = [j for j in self.queue if j.deadline_ms < clock or self._hopeless(j, clock)]
         for job in expired:
             self.queue.remove(job)
             self.queued_texts -= job.n_texts
             if not job.future.done():
-                job.future.set_exception(DeadlineExpired(f"deadline passed after {clock - job.arrival_ms:.0f} ms in the queue"))
+                why = "deadline passed" if job.deadline_ms < clock else f"deadline {job.deadline_ms - clock:.0f} ms away, too close to answer in time"
+                job.future.set_exception(DeadlineExpired(f"{why} after {clock - job.arrival_ms:.0f} ms in the queue"))
         if expired:
             if self.observer:
                 self.observer.shed("deadline_expired", len(expired))
             self._report_queue()
+
+    def _hopeless(self, job: Job, clock: float) -> bool:
+        if not self.cfg.deadline_batching or job.key != SLO:
+            return False
+        return clock + self.latency.predict_ms(self.floor, job.n_texts, job.n_tokens) > job.deadline_ms
+
+    def _fit_to_deadlines(self, jobs: list[Job]) -> list[Job]:
+        """With ``deadline_batching``, the longest prefix of the policy batch ``jobs`` (queue order)
+        predicted to finish by every deadline in it at the floor budget if it starts now; the whole
+        batch when not even its first job can (then nothing is saved by cutting it)."""
+        if not self.cfg.deadline_batching or jobs[0].key != SLO or len(jobs) == 1:
+            return jobs
+        clock = now_ms()
+        texts = tokens = fits = 0
+        deadline = math.inf
+        for job in jobs:  # each job adds time and can only bring the deadline forward: stop at the first miss
+            texts, tokens, deadline = texts + job.n_texts, max(tokens, job.n_tokens), min(deadline, job.deadline_ms)
+            if clock + self.latency.predict_ms(self.floor, texts, tokens) > deadline:
+                break
+            fits += 1
+        return jobs[:fits] if fits else jobs
 
     def _next_batch(self, jobs: list[Job]) -> list[Job]:
         """The batch the worker forms from ``jobs`` (in queue order): the first job and the following
@@ -253,7 +279,7 @@ class Batcher:
 
     def _take_batch(self) -> list[Job]:
         """Remove and return the next batch from the queue."""
-        jobs = self._next_batch(list(self.queue))
+        jobs = self._fit_to_deadlines(self._next_batch(list(self.queue)))
         for job in jobs:
             self.queue.remove(job)
         self.queued_texts -= sum(j.n_texts for j in jobs)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from budgeted_attention.config import check_bool, check_budgets, check_float, check_int, check_int_list
 from budgeted_attention.errors import ConfigError
+from budgeted_attention.serving.process import check_cpus
 
 BACKENDS = ("torch", "onnxruntime")
 POLICIES = ("slo", "fixed")
@@ -47,6 +48,12 @@ class ServeConfig:
         max_queue: texts waiting at most; more are shed with 503 and ``Retry-After``.
         shed_expired: drop a request whose deadline passed while it waited (503), so an
             overloaded server spends its time on requests that can still make it.
+        deadline_batching: size policy batches to their deadlines: a batch of deadline requests is
+            cut to the longest run of them (oldest first) that finishes by each one's deadline at
+            the floor budget, and (with ``shed_expired``) a request that could not finish by its
+            deadline even alone at the floor is dropped at once instead of when it passes. A full
+            batch at the floor can take about a deadline's length: the requests that waited for it
+            then miss together, where a shorter batch answers most of them in time.
         threads: torch / onnxruntime intra-op threads per worker process.
         engine_process: run the model in a child process of its own (each worker gets one), fed
             through a pipe: the server's event loop (parsing, tokenising, answering) then never
@@ -55,6 +62,15 @@ class ServeConfig:
             batch and a second interpreter at start-up. On by default: in interleaved A/B load
             tests (MiniLM, bursty arrivals) it held more requests to the deadline at 1.5x and 2x
             the dense capacity; false keeps the model in a thread of the server process.
+        engine_cpus: CPU ids the engine process is pinned to; the server process then runs on
+            the CPUs it had without them (Linux; needs ``engine_process``). Empty (the default):
+            the operating system places both. With several workers every engine shares these CPUs.
+        freeze_gc: once the model is loaded and calibrated, collect garbage and move every object
+            alive then into Python's permanent generation (``gc.freeze()``), in the server process
+            and in the engine process. A full collection otherwise walks the quarter-million
+            objects the imported libraries leave behind (about 80 ms on this machine), and under
+            load one runs every few seconds: every request in flight waits for it. On by default:
+            interleaved A/B load tests held more requests to the deadline with it (docs/serving.md).
         warmup_batches: model calls per (budget, batch size) before timing at start-up.
         calibration_batch_sizes: batch sizes timed at start-up (others are interpolated).
         calibration_seq_len: tokens per text in the start-up timing (0: the run's median length).
@@ -75,8 +91,11 @@ class ServeConfig:
     max_text_chars: int = 2000
     max_queue: int = 256
     shed_expired: bool = True
+    deadline_batching: bool = False
     threads: int = 1
     engine_process: bool = True
+    engine_cpus: list[int] = field(default_factory=list)
+    freeze_gc: bool = True
     warmup_batches: int = 1
     calibration_batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
     calibration_seq_len: int = 0
@@ -104,8 +123,13 @@ class ServeConfig:
         if self.max_queue < self.max_texts:
             raise ConfigError(f"serve.max_queue ({self.max_queue}) must hold one full request (serve.max_texts = {self.max_texts})")
         check_bool(self.shed_expired, "serve.shed_expired")
+        check_bool(self.deadline_batching, "serve.deadline_batching")
         check_int(self.threads, "serve.threads", ge=1)
         check_bool(self.engine_process, "serve.engine_process")
+        check_bool(self.freeze_gc, "serve.freeze_gc")
+        self.engine_cpus = check_cpus(check_int_list(self.engine_cpus, "serve.engine_cpus", ge=0, allow_empty=True), "serve.engine_cpus")
+        if self.engine_cpus and not self.engine_process:
+            raise ConfigError(f"serve.engine_cpus ({self.engine_cpus}) pins the engine process: it needs serve.engine_process: true")
         check_int(self.warmup_batches, "serve.warmup_batches", ge=0)
         sizes = check_int_list(self.calibration_batch_sizes, "serve.calibration_batch_sizes", ge=1)
         self.calibration_batch_sizes = sorted({min(s, self.max_batch_size) for s in sizes} | {1, self.max_batch_size})

@@ -195,6 +195,7 @@ class EngineInfo:
             "seed": self.seed,
             "backend": self.cfg.backend,
             "engine_process": self.in_child,
+            "engine_cpus": self.cfg.engine_cpus,
             "budgets": self.cfg.budgets,
             "estimated_cost": {str(b): round(c, 4) for b, c in self.costs.items()},
             "validation_accuracy": {str(b): round(a, 4) for b, a in sorted(self.val_accuracy.items())},
@@ -277,3 +278,4 @@ class Engine(EngineInfo):
             feed = {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()}
             logits = torch.from_numpy(self.sessions[budget].run(None, feed)[0])
         return torch.softmax(logits.float(), dim=-1)
+

@@ -75,6 +75,7 @@ class Record:
     predicted: int | None = None
     budget: float | None = None
     queue_ms: float | None = None  # the server's own account of the wait before its batch ran
+    batch_size: int | None = None  # texts in the batch it ran in
 
 
 async def send_open_loop(
@@ -100,7 +101,7 @@ async def send_open_loop(
             status, payload = 0, {}
         latency = (time.perf_counter() - sent) * 1e3
         predicted = payload.get("label_ids", [None])[0]
-        return Record(sent - start, latency, status, label, predicted, payload.get("budget"), payload.get("queue_ms"))
+        return Record(sent - start, latency, status, label, predicted, payload.get("budget"), payload.get("queue_ms"), payload.get("batch_size"))
 
     return list(await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals))))
 

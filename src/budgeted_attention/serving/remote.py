@@ -43,10 +43,15 @@ def _child(conn, run_dir: str, settings: dict[str, Any], seed: int | None, onnx_
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from budgeted_attention.config import from_dict  # noqa: PLC0415
+    from budgeted_attention.serving.process import freeze_garbage_collector, pin_process  # noqa: PLC0415
     from budgeted_attention.serving.engine import Engine  # noqa: PLC0415
 
     try:
+        if settings.get("engine_cpus"):  # before the model loads: thread pools started later inherit it
+            pin_process(settings["engine_cpus"])
         engine = Engine(run_dir, from_dict(ServeConfig, settings, "serve"), seed=seed, onnx_dir=onnx_dir)
+        if settings.get("freeze_gc"):
+            freeze_garbage_collector()
         reply: tuple[str, Any] = ("ready", engine.metadata())
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
         reply, engine = ("error", f"{type(exc).__name__}: {exc}"), None
