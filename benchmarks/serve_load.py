@@ -24,8 +24,9 @@ Capacity and deadline are measured on the first server.
 On a small machine the load generator competes with the server for cores: ``--loadgen-cpus``
 pins it (once the servers are up; they keep every CPU) to CPUs of its own, for example the one the
 server process keeps when ``--set engine_cpus=[1]`` gives the engine the other. The load
-generator's own garbage collector is off during each trial (it collects between trials): a full
-collection stalls its event loop, and the answers arriving meanwhile would be timed late.
+generator's own garbage collector is off during each trial and capacity measurement (it collects
+between them): a full collection stalls its event loop, and answers arriving meanwhile would be
+timed late.
 
 Writes ``serve_load.json``, ``results.json`` (no accuracy rows), ``run_info.json``,
 ``results.md`` and ``slo.png`` into ``--out``; ``baa report`` renders the directory.
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import random
@@ -117,6 +119,19 @@ async def watch_memory(pid: int, peak: list[float], stop: asyncio.Event) -> None
             pass
 
 
+@contextlib.contextmanager
+def no_garbage_collection():
+    """No garbage collection in this process while requests are in flight: a full collection of
+    the objects this process holds stalls its event loop for tens of milliseconds, the answers that
+    arrive meanwhile would be timed late and the sends due meanwhile go out in one clump."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 async def trial(client, url, pid, examples, mode, arrivals_name, rate, seconds, max_requests, deadline_ms, slo_fraction, seed):
     rng = random.Random(seed)
     arrivals = ARRIVALS[arrivals_name](rate, seconds, rng)[:max_requests]
@@ -131,15 +146,8 @@ async def trial(client, url, pid, examples, mode, arrivals_name, rate, seconds, 
 
     peak, stop = [0.0], asyncio.Event()
     watcher = asyncio.create_task(watch_memory(pid, peak, stop))
-    # No garbage collection in this process while requests are in flight: a full collection of the
-    # objects this process holds stalls its event loop for tens of milliseconds, and the answers
-    # that arrive meanwhile would be timed late and the sends due meanwhile go out in one clump.
-    gc.collect()
-    gc.disable()
-    try:
+    with no_garbage_collection():
         records = await send_open_loop(client, url, arrivals, make, timeout_s=30.0)
-    finally:
-        gc.enable()
     stop.set()
     await watcher
     return records, peak[0]
@@ -229,7 +237,8 @@ async def run(args) -> dict:
             url = f"{base}/v1/classify"
             warm = lambda i: ({"texts": [examples[i % len(examples)][0]], "budget": 1.0}, 0)  # noqa: E731
             await closed_loop_capacity(client, url, warm, args.capacity_concurrency, 2.0)  # warm-up
-            measured = await closed_loop_capacity(client, url, warm, args.capacity_concurrency, args.capacity_seconds)
+            with no_garbage_collection():
+                measured = await closed_loop_capacity(client, url, warm, args.capacity_concurrency, args.capacity_seconds)
             # Offered loads are multiples of the dense capacity; measured afresh it varies by about
             # 10 % between runs on a shared machine, so A/B runs can fix it (--capacity-rps).
             capacity = args.capacity_rps or measured
@@ -246,7 +255,8 @@ async def run(args) -> dict:
                 print(f"capacity budget {asked:g} is not served; the server runs it at b = {runs:g}", flush=True)
             for budget in budgets:
                 body = lambda i, b=budget: ({"texts": [examples[i % len(examples)][0]], "budget": b}, 0)  # noqa: E731
-                result["capacity_by_budget"][f"{budget:g}"] = await closed_loop_capacity(client, url, body, args.capacity_concurrency, args.capacity_seconds)
+                with no_garbage_collection():
+                    result["capacity_by_budget"][f"{budget:g}"] = await closed_loop_capacity(client, url, body, args.capacity_concurrency, args.capacity_seconds)
                 print(f"capacity at b = {budget:g}: {result['capacity_by_budget'][f'{budget:g}']:.1f} requests/s", flush=True)
             records, _ = await trial(client, url, server.pid, examples, "fixed-1", "poisson", 0.5 * capacity, args.trial_seconds,
                                      args.max_requests, 1e9, 1.0, args.seed)

@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from budgeted_attention.serving.batcher import Batcher, DeadlineExpired, Job, Overloaded
+from budgeted_attention.serving.batcher import SLO, Batcher, DeadlineExpired, Job, Overloaded, now_ms
 from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.latency import LatencyModel
 
@@ -249,15 +249,13 @@ def test_with_a_memory_the_forecast_keeps_the_recent_peak_through_a_pause():
         ServeConfig(arrival_memory_ms=-1.0)
 
 
-def _queued(batcher, deadlines_from_now, n_tokens=4):
+def _queued(batcher, deadlines_from_now, n_tokens=4, client_deadline=True):
     """Put policy jobs straight into the queue (no worker): one text of the calibration length each
     (so a batch of k takes k x the per-text time), deadlines in ms from now."""
-    from budgeted_attention.serving.batcher import SLO, now_ms  # noqa: PLC0415
-
     loop = asyncio.new_event_loop()
     clock = now_ms()
     for i, due in enumerate(deadlines_from_now):
-        job = Job([[i] * n_tokens], SLO, clock + due, clock, loop.create_future())
+        job = Job([[i] * n_tokens], SLO, clock + due, clock, loop.create_future(), client_deadline=client_deadline)
         batcher.queue.append(job)
         batcher.queued_texts += 1
     return loop
@@ -267,7 +265,7 @@ def test_deadline_batching_cuts_a_batch_to_the_requests_that_finish_in_time():
     runner = FakeRunner({0.5: 10.0, 1.0: 20.0})  # 10 ms per text at the floor
     batcher = make(runner, max_batch_size=8, deadline_batching=True)
     loop = _queued(batcher, [45.0, 60.0, 80.0, 90.0, 95.0, 200.0])
-    batch = batcher._take_batch()
+    batch = batcher._take_batch(now_ms())
     # 4 texts take 40 ms and meet the first deadline (45 ms); a fifth would end at 50 ms.
     assert [job.ids[0][0] for job in batch] == [0, 1, 2, 3]
     assert len(batcher.queue) == 2 and batcher.queued_texts == 2
@@ -278,15 +276,24 @@ def test_without_deadline_batching_the_batch_is_full():
     runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
     batcher = make(runner, max_batch_size=8)
     loop = _queued(batcher, [45.0, 60.0, 80.0, 90.0, 95.0, 200.0])
-    assert len(batcher._take_batch()) == 6
+    assert len(batcher._take_batch(now_ms())) == 6
     loop.close()
 
 
-def test_deadline_batching_keeps_the_whole_batch_when_even_the_first_request_is_late():
+def test_deadline_batching_keeps_the_whole_batch_when_no_request_can_be_in_time():
     runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
     batcher = make(runner, max_batch_size=8, deadline_batching=True, shed_expired=False)
-    loop = _queued(batcher, [5.0, 60.0, 80.0])
-    assert len(batcher._take_batch()) == 3
+    loop = _queued(batcher, [5.0, 6.0, 8.0])  # each needs 10 ms alone at the floor
+    assert len(batcher._take_batch(now_ms())) == 3
+    loop.close()
+
+
+def test_a_late_request_at_the_front_does_not_decide_the_cut():
+    runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
+    batcher = make(runner, max_batch_size=8, deadline_batching=True, shed_expired=False)
+    loop = _queued(batcher, [5.0, 45.0, 60.0, 80.0, 90.0])
+    # The first is late whatever happens; the cut follows the others: 4 texts (40 ms) meet 45 ms.
+    assert [job.ids[0][0] for job in batcher._take_batch(now_ms())] == [0, 1, 2, 3]
     loop.close()
 
 
@@ -294,22 +301,35 @@ def test_deadline_batching_drops_a_request_that_cannot_finish_even_alone():
     runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
     batcher = make(runner, max_batch_size=8, deadline_batching=True)
     loop = _queued(batcher, [5.0, 60.0])  # the first needs 10 ms at the floor and has 5
-    batcher._shed_expired()
+    batcher._shed_expired(now_ms())
     assert len(batcher.queue) == 1 and batcher.queued_texts == 1
     first = batcher.queue[0]
     assert first.deadline_ms - first.arrival_ms == pytest.approx(60.0)
     loop.close()
 
 
+def test_the_servers_own_target_is_never_judged_unreachable():
+    # A request without latency_ms has the server's target as its deadline: it is answered late
+    # rather than refused on an idle server (it is still dropped once that deadline has passed).
+    runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
+    batcher = make(runner, max_batch_size=8, deadline_batching=True)
+    loop = _queued(batcher, [5.0], client_deadline=False)
+    batcher._shed_expired(now_ms())
+    assert len(batcher.queue) == 1
+    loop.close()
+
+
 def test_a_request_too_close_to_its_deadline_gets_503_naming_why():
     async def main():
-        runner = FakeRunner({0.5: 30.0, 1.0: 30.0})
+        runner = FakeRunner({0.5: 60.0, 1.0: 60.0})
         batcher = make(runner, max_wait_ms=0.0, max_batch_size=1, deadline_batching=True)
         batcher.start()
         slow = asyncio.ensure_future(batcher.submit([[1]], 1.0, None))
         await asyncio.sleep(0.005)
         with pytest.raises(DeadlineExpired, match="too close to answer in time"):
-            await batcher.submit([[2] * 4], None, 40.0)  # ~25 ms left after the first batch; the floor takes 30
+            # ~45 ms left once the first batch (60 ms) ends, and the floor takes 60: unreachable
+            # unless the worker is more than 40 ms late (then the deadline has passed instead).
+            await batcher.submit([[2] * 4], None, 100.0)
         await slow
         await batcher.drain()
 

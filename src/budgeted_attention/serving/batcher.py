@@ -74,6 +74,7 @@ class Job:
         key: the budget (explicit requests) or :data:`SLO`.
         deadline_ms: monotonic milliseconds by which the answer is due (``inf``: none).
         arrival_ms: monotonic milliseconds at admission.
+        client_deadline: the deadline is the client's own (``latency_ms``), not the server's target.
     """
 
     ids: list[list[int]]
@@ -81,6 +82,7 @@ class Job:
     deadline_ms: float
     arrival_ms: float
     future: asyncio.Future = field(repr=False)
+    client_deadline: bool = False
 
     @property
     def n_texts(self) -> int:
@@ -170,7 +172,7 @@ class Batcher:
             key, deadline = SLO, arrival + self.cfg.target_p95_ms
         else:
             key, deadline = self.cfg.snap_budget(self.cfg.default_budget), math.inf
-        job = Job(ids, key, deadline, arrival, asyncio.get_running_loop().create_future())
+        job = Job(ids, key, deadline, arrival, asyncio.get_running_loop().create_future(), client_deadline=latency_ms is not None)
         if key == SLO:  # the look-ahead protects policy requests; fixed budgets have their own
             self._note_arrival(arrival, job.n_texts)
         self.queue.append(job)
@@ -200,10 +202,11 @@ class Batcher:
                 await self._wake.wait()
                 continue
             await self._fill(self.queue[0])
-            self._shed_expired()
+            clock = now_ms()  # one reading for shedding and cutting: a job is not judged twice apart
+            self._shed_expired(clock)
             if not self.queue:
                 continue
-            jobs = self._take_batch()
+            jobs = self._take_batch(clock)
             try:
                 await self._run(jobs, self._choose_budget(jobs))
             except Exception as exc:  # noqa: BLE001 - a bug in bookkeeping fails this batch, never the worker
@@ -225,43 +228,52 @@ class Batcher:
             except TimeoutError:
                 return
 
-    def _shed_expired(self) -> None:
-        """Drop the queued requests whose deadline has passed (with ``deadline_batching``: also the
-        policy requests that could not finish by it even alone at the floor, starting now)."""
+    def _shed_expired(self, clock: float) -> None:
+        """Drop the queued requests whose deadline has passed at ``clock`` (with ``deadline_batching``:
+        also the policy requests with a deadline of their own that could not finish by it even
+        alone at the floor, starting then)."""
         if not self.cfg.shed_expired:
             return
-        clock = now_ms()
-        expired = [j for j in self.queue if j.deadline_ms < clock or self._hopeless(j, clock)]
-        for job in expired:
+        passed = [j for j in self.queue if j.deadline_ms < clock]
+        unreachable = [j for j in self.queue if j.deadline_ms >= clock and j.client_deadline and self._hopeless(j, clock)]
+        for job in passed + unreachable:
             self.queue.remove(job)
             self.queued_texts -= job.n_texts
             if not job.future.done():
                 why = "deadline passed" if job.deadline_ms < clock else f"deadline {job.deadline_ms - clock:.0f} ms away, too close to answer in time"
                 job.future.set_exception(DeadlineExpired(f"{why} after {clock - job.arrival_ms:.0f} ms in the queue"))
-        if expired:
-            if self.observer:
-                self.observer.shed("deadline_expired", len(expired))
+        if self.observer:
+            if passed:
+                self.observer.shed("deadline_expired", len(passed))
+            if unreachable:
+                self.observer.shed("deadline_unreachable", len(unreachable))
+        if passed or unreachable:
             self._report_queue()
 
     def _hopeless(self, job: Job, clock: float) -> bool:
+        """With ``deadline_batching``: a policy job that would miss its deadline even alone at the floor from ``clock``."""
         if not self.cfg.deadline_batching or job.key != SLO:
             return False
         return clock + self.latency.predict_ms(self.floor, job.n_texts, job.n_tokens) > job.deadline_ms
 
-    def _fit_to_deadlines(self, jobs: list[Job]) -> list[Job]:
+    def _fit_to_deadlines(self, jobs: list[Job], clock: float) -> list[Job]:
         """With ``deadline_batching``, the longest prefix of the policy batch ``jobs`` (queue order)
-        predicted to finish by every deadline in it at the floor budget if it starts now; the whole
-        batch when not even its first job can (then nothing is saved by cutting it)."""
+        predicted to finish by the deadlines in it at the floor budget if it starts at ``clock``.
+        Deadlines that cannot be met even alone do not count (those requests are late whatever
+        the batch), so the whole batch runs when none can be met. A job with a tighter deadline
+        than those before it ends the prefix there: the batch keeps queue order."""
         if not self.cfg.deadline_batching or jobs[0].key != SLO or len(jobs) == 1:
             return jobs
-        clock = now_ms()
         texts = tokens = fits = 0
         deadline = math.inf
-        for job in jobs:  # each job adds time and can only bring the deadline forward: stop at the first miss
-            texts, tokens, deadline = texts + job.n_texts, max(tokens, job.n_tokens), min(deadline, job.deadline_ms)
+        for count, job in enumerate(jobs, start=1):
+            # Each job adds time and can only bring the deadline forward: stop at the first miss.
+            texts, tokens = texts + job.n_texts, max(tokens, job.n_tokens)
+            if not self._hopeless(job, clock):
+                deadline = min(deadline, job.deadline_ms)
             if clock + self.latency.predict_ms(self.floor, texts, tokens) > deadline:
                 break
-            fits += 1
+            fits = count
         return jobs[:fits] if fits else jobs
 
     def _next_batch(self, jobs: list[Job]) -> list[Job]:
@@ -277,9 +289,9 @@ class Batcher:
             texts += job.n_texts
         return batch
 
-    def _take_batch(self) -> list[Job]:
-        """Remove and return the next batch from the queue."""
-        jobs = self._fit_to_deadlines(self._next_batch(list(self.queue)))
+    def _take_batch(self, clock: float) -> list[Job]:
+        """Remove and return the next batch from the queue (``clock``: now, in ms)."""
+        jobs = self._fit_to_deadlines(self._next_batch(list(self.queue)), clock)
         for job in jobs:
             self.queue.remove(job)
         self.queued_texts -= sum(j.n_texts for j in jobs)

@@ -278,4 +278,3 @@ class Engine(EngineInfo):
             feed = {"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()}
             logits = torch.from_numpy(self.sessions[budget].run(None, feed)[0])
         return torch.softmax(logits.float(), dim=-1)
-

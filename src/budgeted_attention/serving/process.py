@@ -15,39 +15,46 @@ process is pinned, and threads started later inherit it from the one that starts
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from pathlib import Path
 
 from budgeted_attention.errors import ConfigError
+
+log = logging.getLogger("budgeted_attention.serve")
 
 
 def supported() -> bool:
     return hasattr(os, "sched_setaffinity") and hasattr(os, "sched_getaffinity")
 
 
-def machine_cpus() -> set[int]:
-    """The CPU ids of this machine (whatever this process is allowed to run on)."""
-    return set(range(os.cpu_count() or 1))
+def allowed_cpus() -> set[int]:
+    """The CPU ids this process may run on (a container's cpuset or ``taskset`` narrow them)."""
+    return set(os.sched_getaffinity(0))
 
 
 def check_cpus(cpus: list[int], key: str) -> list[int]:
-    """``cpus`` if pinning is supported here and each id exists on this machine (else ConfigError naming ``key``)."""
+    """``cpus`` if pinning is supported here and this process may run on each of them (else
+    ConfigError naming ``key``)."""
     if not cpus:
         return cpus
     if not supported():
         raise ConfigError(f"{key} needs Linux (os.sched_setaffinity), not available on this platform")
     if len(set(cpus)) != len(cpus):
         raise ConfigError(f"{key} lists a CPU twice: {cpus}")
-    missing = sorted(set(cpus) - machine_cpus())
-    if missing:
-        raise ConfigError(f"{key}: no CPU {missing[0]} on this machine (it has CPUs 0-{max(machine_cpus())})")
+    outside = sorted(set(cpus) - allowed_cpus())
+    if outside:
+        raise ConfigError(f"{key}: CPU {outside[0]} is not one this process may run on (allowed: {sorted(allowed_cpus())})")
     return cpus
 
 
 def thread_ids() -> list[int]:
-    """The kernel ids of this process's threads (just this thread where /proc is missing)."""
+    """The kernel ids of this process's threads (just this thread, with a warning, where /proc is missing)."""
     tasks = Path("/proc/self/task")
-    return [int(name) for name in os.listdir(tasks)] if tasks.is_dir() else [0]
+    if tasks.is_dir():
+        return [int(name) for name in os.listdir(tasks)]
+    log.warning("baa serve: no /proc/self/task; only the calling thread is pinned (threads it starts inherit it)")
+    return [0]
 
 
 def pin_process(cpus: set[int] | list[int]) -> None:

@@ -48,7 +48,10 @@ def _child(conn, run_dir: str, settings: dict[str, Any], seed: int | None, onnx_
 
     try:
         if settings.get("engine_cpus"):  # before the model loads: thread pools started later inherit it
-            pin_process(settings["engine_cpus"])
+            try:
+                pin_process(settings["engine_cpus"])
+            except OSError as exc:
+                raise OSError(f"serve.engine_cpus {settings['engine_cpus']}: cannot pin the engine process there: {exc}") from exc
         engine = Engine(run_dir, from_dict(ServeConfig, settings, "serve"), seed=seed, onnx_dir=onnx_dir)
         if settings.get("freeze_gc"):
             freeze_garbage_collector()
