@@ -274,7 +274,7 @@ def test_deadline_batching_cuts_a_batch_to_the_requests_that_finish_in_time():
 
 def test_without_deadline_batching_the_batch_is_full():
     runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
-    batcher = make(runner, max_batch_size=8)
+    batcher = make(runner, max_batch_size=8, deadline_batching=False)
     loop = _queued(batcher, [45.0, 60.0, 80.0, 90.0, 95.0, 200.0])
     assert len(batcher._take_batch(now_ms())) == 6
     loop.close()
