@@ -72,21 +72,34 @@ results: $(STAMP)
 		--modes slo --fuzz-examples 300 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 --capacity-budgets 0.5,0.25,0.1
 	$(BIN)/python benchmarks/serve_load.py runs/minilm_all_seed0 --out runs/serve_ab_engine_cpus --trial-seconds 20 --loads 1.5,2 --arrivals bursty \
 		--modes slo --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 \
-		--capacity-budgets 0.5,0.25,0.1 --repeats 4 --seed 12 --loadgen-cpus 0 --variant 'engine_cpus=[1]'
+		--capacity-budgets 0.5,0.25,0.1 --repeats 4 --seed 12 --loadgen-cpus 0 --variant 'engine_cpus=[1]' --set freeze_gc=false --set deadline_batching=false
 	$(BIN)/python benchmarks/serve_load.py runs/minilm_all_seed0 --out runs/serve_ab_deadline_batching --trial-seconds 20 --loads 1.5,2 --arrivals bursty \
 		--modes slo --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 \
-		--capacity-budgets 0.5,0.25,0.1 --repeats 4 --seed 13 --variant deadline_batching=true
+		--capacity-budgets 0.5,0.25,0.1 --repeats 4 --seed 13 --set freeze_gc=false --set deadline_batching=false --variant deadline_batching=true
 	$(BIN)/python benchmarks/serve_load.py runs/minilm_all_seed0 --out runs/serve_ab_freeze_gc --trial-seconds 20 --loads 1.5,2 --arrivals bursty \
 		--modes slo --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 \
-		--capacity-budgets 0.5,0.25,0.1 --repeats 4 --seed 14 --variant freeze_gc=true --keep-records
+		--capacity-budgets 0.5,0.25,0.1 --repeats 4 --seed 14 --set freeze_gc=false --set deadline_batching=false --variant freeze_gc=true --keep-records
 	$(BIN)/python benchmarks/serve_load.py runs/minilm_all_seed0 --out runs/serve_ab_freeze_gc_quiet_client --trial-seconds 20 --loads 1.5,2 --arrivals bursty \
 		--modes slo --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 \
-		--capacity-budgets 0.5,0.25,0.1 --repeats 4 --seed 15 --variant freeze_gc=true --keep-records
+		--capacity-budgets 0.5,0.25,0.1 --repeats 4 --seed 15 --set freeze_gc=false --set deadline_batching=false --variant freeze_gc=true --keep-records
+	$(BIN)/python benchmarks/serve_load.py runs/minilm_all_seed0 --out runs/serve_load_defaults_gc --trial-seconds 20 --loads 1.5,2 --arrivals bursty,poisson \
+		--modes slo --fuzz-examples 300 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 \
+		--capacity-budgets 0.5,0.25,0.1 --repeats 3 --seed 16 --keep-records --set deadline_batching=false
+	$(BIN)/python benchmarks/serve_load.py runs/minilm_all_seed0 --out runs/serve_ab_deadline_batching_gc --trial-seconds 20 --loads 1.5,2 --arrivals bursty \
+		--modes slo --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 \
+		--capacity-budgets 0.5,0.25,0.1 --repeats 4 --seed 17 --variant deadline_batching=true --keep-records --set deadline_batching=false
+	$(BIN)/python benchmarks/serve_load.py runs/minilm_all_seed0 --out runs/serve_load_final --trial-seconds 20 --loads 1.5,2 --arrivals bursty \
+		--modes fixed-1,fixed-0.5,slo --fuzz-examples 300 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 \
+		--capacity-budgets 0.5,0.25,0.1 --repeats 3 --seed 18 
+	$(BIN)/python benchmarks/serve_load.py runs/minilm_all_seed0 --out runs/serve_ab_deadline_batching_tight --trial-seconds 20 --loads 1.5,2 --arrivals bursty \
+		--modes slo --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 \
+		--capacity-budgets 0.1 --repeats 3 --seed 19 --capacity-rps 108 --deadline-ms 58.3 --set deadline_batching=false --variant deadline_batching=true --keep-records
 	$(BIN)/baa report runs/demo runs/d256 runs/bbc_short runs/minilm_bbc_short runs/demo_all runs/d256_all runs/bbc_short_all runs/minilm_bbc_short_all \
 		runs/tiny_lm_bayesian runs/tiny_lm_prior_free runs/tiny_lm_softmax runs/meta_long runs/lm_san_compare runs/lm_san_compare_long runs/lm_san runs/lm_char \
 		runs/routing_bbc_short runs/routing_demo runs/routing_minilm_bbc_short runs/serve_load_minilm runs/serve_load_minilm_floor01 \
 		runs/d256_all_skip runs/minilm_all_seed0 runs/serve_ab_engine_process runs/serve_ab_arrival_memory runs/bbc_short_all_skip runs/serve_load_defaults runs/serve_ab_arrival_memory_alt \
-		runs/serve_ab_engine_cpus runs/serve_ab_deadline_batching runs/serve_ab_freeze_gc runs/serve_ab_freeze_gc_quiet_client --out docs/results.md
+		runs/serve_ab_engine_cpus runs/serve_ab_deadline_batching runs/serve_ab_freeze_gc runs/serve_ab_freeze_gc_quiet_client \
+		runs/serve_load_defaults_gc runs/serve_ab_deadline_batching_gc runs/serve_load_final runs/serve_ab_deadline_batching_tight --out docs/results.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
