@@ -280,7 +280,8 @@ async def run(args) -> dict:
                                                             load * capacity, args.trial_seconds, args.max_requests, deadline, args.slo_fraction, seed)
                                 summary = summarise(records, deadline, args.trial_seconds)
                                 entry = {"arrivals": arrivals, "load": load, "mode": mode + label, "repeat": repeat, "summary": summary,
-                                         "peak_rss_mib": peak, "order": position}
+                                         "peak_rss_mib": peak, "order": position,
+                                         "latency_correction": await latency_correction(client, address)}
                                 if args.keep_records:
                                     entry["records"] = records_as_dicts(records)
                                 result["trials"].append(entry)
@@ -295,6 +296,15 @@ async def run(args) -> dict:
         codes = [shut_down(process) for process, _, _ in servers]
         result["shutdown"] = {"exit_code": max(codes, key=abs), "seconds": time.perf_counter() - stop}
     return result
+
+
+async def latency_correction(client, address: str) -> float | None:
+    """The server's latency-model correction (observed / calibrated batch time) after a trial."""
+    try:
+        async with client.get(f"{address}/v1/info") as response:
+            return (await response.json())["latency_model"]["correction"]
+    except (aiohttp.ClientError, KeyError, ValueError):
+        return None
 
 
 async def wait_ready(client, process: subprocess.Popen, address: str) -> None:

@@ -251,21 +251,22 @@ def test_with_a_memory_the_forecast_keeps_the_recent_peak_through_a_pause():
 
 def _queued(batcher, deadlines_from_now, n_tokens=4, client_deadline=True):
     """Put policy jobs straight into the queue (no worker): one text of the calibration length each
-    (so a batch of k takes k x the per-text time), deadlines in ms from now."""
+    (so a batch of k takes k x the per-text time), deadlines in ms from now; returns the event loop
+    of their futures and that "now" (pass it on: the tests must not depend on how fast they run)."""
     loop = asyncio.new_event_loop()
     clock = now_ms()
     for i, due in enumerate(deadlines_from_now):
         job = Job([[i] * n_tokens], SLO, clock + due, clock, loop.create_future(), client_deadline=client_deadline)
         batcher.queue.append(job)
         batcher.queued_texts += 1
-    return loop
+    return loop, clock
 
 
 def test_deadline_batching_cuts_a_batch_to_the_requests_that_finish_in_time():
     runner = FakeRunner({0.5: 10.0, 1.0: 20.0})  # 10 ms per text at the floor
     batcher = make(runner, max_batch_size=8, deadline_batching=True)
-    loop = _queued(batcher, [45.0, 60.0, 80.0, 90.0, 95.0, 200.0])
-    batch = batcher._take_batch(now_ms())
+    loop, clock = _queued(batcher, [45.0, 60.0, 80.0, 90.0, 95.0, 200.0])
+    batch = batcher._take_batch(clock)
     # 4 texts take 40 ms and meet the first deadline (45 ms); a fifth would end at 50 ms.
     assert [job.ids[0][0] for job in batch] == [0, 1, 2, 3]
     assert len(batcher.queue) == 2 and batcher.queued_texts == 2
@@ -275,33 +276,33 @@ def test_deadline_batching_cuts_a_batch_to_the_requests_that_finish_in_time():
 def test_without_deadline_batching_the_batch_is_full():
     runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
     batcher = make(runner, max_batch_size=8, deadline_batching=False)
-    loop = _queued(batcher, [45.0, 60.0, 80.0, 90.0, 95.0, 200.0])
-    assert len(batcher._take_batch(now_ms())) == 6
+    loop, clock = _queued(batcher, [45.0, 60.0, 80.0, 90.0, 95.0, 200.0])
+    assert len(batcher._take_batch(clock)) == 6
     loop.close()
 
 
 def test_deadline_batching_keeps_the_whole_batch_when_no_request_can_be_in_time():
     runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
     batcher = make(runner, max_batch_size=8, deadline_batching=True, shed_expired=False)
-    loop = _queued(batcher, [5.0, 6.0, 8.0])  # each needs 10 ms alone at the floor
-    assert len(batcher._take_batch(now_ms())) == 3
+    loop, clock = _queued(batcher, [5.0, 6.0, 8.0])  # each needs 10 ms alone at the floor
+    assert len(batcher._take_batch(clock)) == 3
     loop.close()
 
 
 def test_a_late_request_at_the_front_does_not_decide_the_cut():
     runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
     batcher = make(runner, max_batch_size=8, deadline_batching=True, shed_expired=False)
-    loop = _queued(batcher, [5.0, 45.0, 60.0, 80.0, 90.0])
+    loop, clock = _queued(batcher, [5.0, 45.0, 60.0, 80.0, 90.0])
     # The first is late whatever happens; the cut follows the others: 4 texts (40 ms) meet 45 ms.
-    assert [job.ids[0][0] for job in batcher._take_batch(now_ms())] == [0, 1, 2, 3]
+    assert [job.ids[0][0] for job in batcher._take_batch(clock)] == [0, 1, 2, 3]
     loop.close()
 
 
 def test_deadline_batching_drops_a_request_that_cannot_finish_even_alone():
     runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
     batcher = make(runner, max_batch_size=8, deadline_batching=True)
-    loop = _queued(batcher, [5.0, 60.0])  # the first needs 10 ms at the floor and has 5
-    batcher._shed_expired(now_ms())
+    loop, clock = _queued(batcher, [5.0, 60.0])  # the first needs 10 ms at the floor and has 5
+    batcher._shed_expired(clock)
     assert len(batcher.queue) == 1 and batcher.queued_texts == 1
     first = batcher.queue[0]
     assert first.deadline_ms - first.arrival_ms == pytest.approx(60.0)
@@ -313,8 +314,8 @@ def test_the_servers_own_target_is_never_judged_unreachable():
     # rather than refused on an idle server (it is still dropped once that deadline has passed).
     runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
     batcher = make(runner, max_batch_size=8, deadline_batching=True)
-    loop = _queued(batcher, [5.0], client_deadline=False)
-    batcher._shed_expired(now_ms())
+    loop, clock = _queued(batcher, [5.0], client_deadline=False)
+    batcher._shed_expired(clock)
     assert len(batcher.queue) == 1
     loop.close()
 
@@ -334,3 +335,33 @@ def test_a_request_too_close_to_its_deadline_gets_503_naming_why():
         await batcher.drain()
 
     run(main())
+
+
+class RecordingObserver:
+    def __init__(self):
+        self.shed_reasons = []
+
+    def batch(self, budget, n_texts, seconds):
+        pass
+
+    def shed(self, reason, n=1):
+        self.shed_reasons.append((reason, n))
+
+    def queue(self, n_texts):
+        pass
+
+
+def test_passed_and_unreachable_deadlines_are_counted_apart():
+    runner = FakeRunner({0.5: 10.0, 1.0: 20.0})
+    observer = RecordingObserver()
+    cfg = ServeConfig(budgets=BUDGETS, min_budget=0.5, max_batch_size=8)
+    batcher = Batcher(runner, cfg, latency_model(runner), floor=0.5, observer=observer)
+    loop, clock = _queued(batcher, [-1.0, 5.0, 60.0])  # passed; unreachable (needs 10 ms); in time
+    passed, unreachable, in_time = list(batcher.queue)
+    batcher._shed_expired(clock)
+    assert observer.shed_reasons == [("deadline_expired", 1), ("deadline_unreachable", 1)]
+    assert list(batcher.queue) == [in_time] and batcher.queued_texts == 1
+    assert "deadline passed" in str(passed.future.exception())
+    assert "too close to answer in time" in str(unreachable.future.exception())
+    assert not in_time.future.done()
+    loop.close()
