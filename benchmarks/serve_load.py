@@ -54,10 +54,9 @@ import httpx
 from budgeted_attention.config import from_dict, load_yaml
 from budgeted_attention.data.sources import load_source
 from budgeted_attention.data.text import TextDataConfig, split_examples
-from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
 from budgeted_attention.errors import ConfigError
+from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
 from budgeted_attention.reporting.serve_load import serve_load_markdown
-from budgeted_attention.serving.process import check_cpus, pin_process
 from budgeted_attention.serving.load import (
     ARRIVALS,
     BURST_OFF_S,
@@ -69,6 +68,7 @@ from budgeted_attention.serving.load import (
     served_budgets,
     summarise,
 )
+from budgeted_attention.serving.process import check_cpus, pin_process
 
 MODES = {"fixed-1": {"budget": 1.0}, "fixed-0.5": {"budget": 0.5}, "slo": {}}
 

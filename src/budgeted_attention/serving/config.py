@@ -50,8 +50,9 @@ class ServeConfig:
             overloaded server spends its time on requests that can still make it.
         deadline_batching: size policy batches to their deadlines: a batch of deadline requests is
             cut to the longest run of them (oldest first) that finishes by each one's deadline at
-            the floor budget, and (with ``shed_expired``) a request that could not finish by its
-            deadline even alone at the floor is dropped at once instead of when it passes. A full
+            the floor budget (deadlines that cannot be met even alone do not decide the cut), and
+            (with ``shed_expired``) a request with a deadline of its own (``latency_ms``) that could
+            not finish by it even alone at the floor is dropped at once instead of when it passes. A full
             batch at the floor can take about a deadline's length: the requests that waited for it
             then miss together, where a shorter batch answers most of them in time. On by default:
             with ``freeze_gc`` and a load generator that does not stall itself, an interleaved A/B
