@@ -306,3 +306,17 @@ def test_update_replaces_the_section_of_the_same_run_directory_whatever_its_name
     assert text.count(f"- Run directory: `{exp}`") == 1 and "## bbc_config_name" not in text and "## bbc_short\n" in text
     assert main(["report", str(exp), "--out", str(out), "--update", "--title", "Other"]) == 2
     assert "--title has no effect with --update" in capsys.readouterr().err
+
+
+def test_bench_table_shows_onnx_runtime_columns_when_timed():
+    from budgeted_attention.reporting.report import bench_table  # noqa: PLC0415
+
+    row = {"budget": 0.5, "batch_size": 1, "seq_len": 128, "threads": 1, "dense_latency_ms": 20.0, "latency_ms": 12.0,
+           "speedup": 1.67, "ideal_speedup": 2.0, "efficiency": 0.83, "heads_kept": 8}
+    plain = bench_table({"rows": [row]})
+    assert "ORT" not in plain
+    timed = bench_table({"rows": [{**row, "onnx_dense_latency_ms": 18.0, "onnx_latency_ms": 9.5, "onnx_speedup": 1.89, "onnx_efficiency": 0.95}],
+                         "setting": {"onnx": "onnxruntime 1.32.0, 1 intra-op thread(s), b = 1 graph as its reference"}})
+    assert "| ORT dense ms | ORT pruned ms | ORT speedup | ORT / ideal |" in timed
+    assert "| 18.000 | 9.500 | 1.89x | 0.95 |" in timed
+    assert "ORT: onnxruntime 1.32.0" in timed

@@ -223,6 +223,11 @@ _BENCH_COLUMNS = [
     ("sliced speedup", "sliced_speedup", ".2f", "x", False),
     ("vs plain", "plain_speedup", ".2f", "x", False),
     ("vs transformers", "transformers_speedup", ".2f", "x", False),
+    # ONNX Runtime (baa bench --onnx): the pruned graph against the dense graph, same runtime.
+    ("ORT dense ms", "onnx_dense_latency_ms", ".3f", "", False),
+    ("ORT pruned ms", "onnx_latency_ms", ".3f", "", False),
+    ("ORT speedup", "onnx_speedup", ".2f", "x", False),
+    ("ORT / ideal", "onnx_efficiency", ".2f", "", False),
 ]
 
 
@@ -263,6 +268,8 @@ def bench_table(result: dict[str, Any]) -> str:
     switch = result.get("switch")
     if isinstance(switch, dict) and isinstance(switch.get("switch_ms"), (int, float)):
         lines += ["", f"Budget switch (sliced layout): {1000 * switch['switch_ms']:.1f} µs median."]
+    if setting.get("onnx"):
+        lines += ["", f"ORT: {setting['onnx']}; ORT speedup = the dense graph's latency over the pruned graph's."]
     timing = [str(setting[k]) for k in ("timer",) if setting.get(k)]
     if setting.get("rounds") is not None:
         timing.append(f"{setting['rounds']} round(s)")
