@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +47,18 @@ def test_serve_answers_and_shuts_down_cleanly(tiny_run):
         server.send_signal(signal.SIGTERM)
         code = server.wait(timeout=60)
     assert code == 0
+
+
+@pytest.mark.slow
+def test_the_ready_benchmark_times_fresh_starts(tiny_run, tmp_path):
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "serve_ready.py"
+    out = tmp_path / "ready"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tiny_run), "--out", str(out), "--starts", "1", "--port", str(free_port()),
+         "--set", "warmup_batches=0", "--set", "calibration_batch_sizes=[1]"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads((out / "ready.json").read_text())
+    assert len(result["ready_seconds"]) == 1 and 0 < result["ready_seconds"][0] < 300
+    assert "Start to ready over 1 start(s)" in (out / "results.md").read_text()
