@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
+from serve_load import shut_down  # this script's directory is on sys.path when it runs
 
 POLL_S = 0.05
 
@@ -48,12 +48,7 @@ def one_start(command: list[str], port: int, limit_s: float) -> float:
             time.sleep(POLL_S)
         return time.perf_counter() - started
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        shut_down(server)
 
 
 def markdown(result: dict) -> str:
