@@ -320,3 +320,16 @@ def test_bench_table_shows_onnx_runtime_columns_when_timed():
     assert "| ORT dense ms | ORT pruned ms | ORT speedup | ORT / ideal |" in timed
     assert "| 18.000 | 9.500 | 1.89x | 0.95 |" in timed
     assert "ORT: onnxruntime 1.32.0" in timed
+
+
+def test_bench_table_shows_lean_copy_columns_when_timed():
+    from budgeted_attention.reporting.report import bench_table  # noqa: PLC0415
+
+    row = {"budget": 0.5, "batch_size": 1, "seq_len": 128, "threads": 1, "dense_latency_ms": 20.0, "latency_ms": 12.0,
+           "speedup": 1.67, "ideal_speedup": 2.0, "efficiency": 0.83, "heads_kept": 8, "transformers_speedup": 1.7}
+    assert "lean" not in bench_table({"rows": [row]})
+    lean = {"lean_dense_latency_ms": 17.0, "lean_latency_ms": 9.0, "lean_speedup": 1.89, "lean_efficiency": 0.94, "lean_transformers_speedup": 2.27}
+    timed = bench_table({"rows": [{**row, **lean}], "setting": {"lean": "CompactBert: the family's lean inference copy"}})
+    assert "| lean dense ms | lean pruned ms | lean speedup | lean / ideal | lean vs transformers |" in timed
+    assert "| 17.000 | 9.000 | 1.89x | 0.94 | 2.27x |" in timed
+    assert "Lean: CompactBert" in timed

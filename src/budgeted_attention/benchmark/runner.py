@@ -167,11 +167,12 @@ def bench_models(
     model = model.to(device)  # the gated model at b = 1 (moved back to the CPU at the end)
     sliced_scope = "all" if isinstance(ranking, UnitRanking) else "heads"
     main_keys = [_key(b, "heads" if as_kept(k).groups is None else "all") for b, k in kept_by_budget.items()]
+    lean = _lean_modules(model, pruned, main_keys)
     try:
         with tempfile.TemporaryDirectory(prefix="baa-bench-onnx-") as folder:
             onnx = _onnx_runners(model, pruned, main_keys, cfg.threads, folder) if cfg.onnx else {}
             rows, overhead = _time_settings(
-                model, plain, references, pruned, sliced, sliced_scope, onnx, kept_by_budget, cfg,
+                model, plain, references, pruned, sliced, sliced_scope, onnx, lean, kept_by_budget, cfg,
                 _input_settings(model, cfg, vocab, lengths, pad_id, low_id), progress,
             )
     finally:
@@ -191,6 +192,10 @@ def bench_models(
             "length_batches": LENGTH_BATCHES if lengths else 0,
             "family": model.family,
             "onnx": f"onnxruntime {_ort_version()}, {cfg.threads} intra-op thread(s), b = 1 graph as its reference" if cfg.onnx else None,
+            "lean": (
+                f"{type(lean['lean_dense']).__name__}: the family's lean inference copy (same weights and kernels, "
+                "less framework code), the dense one as its reference" if lean else None
+            ),
         },
     }
     if cfg.device == "cuda":
@@ -209,6 +214,16 @@ def bench_models(
 
         result["switch"] = {"switch_ms": time_call(switch, repeats=2000), "budgets": budgets}
     return result
+
+
+def _lean_modules(model: GatedModel, pruned: dict[str, tuple[float, GatedModel, bool]], keys: list[str]) -> dict[str, torch.nn.Module]:
+    """The family's lean inference copies (:meth:`GatedModel.inference_module`) of the dense model
+    (``lean_dense``) and of the pruned models ``keys`` (``lean_<key>``); empty when the family runs
+    its models as they are (its inference module is the model itself)."""
+    dense = model.inference_module()
+    if dense is model:
+        return {}
+    return {"lean_dense": dense.eval(), **{f"lean_{key}": pruned[key][1].inference_module().eval() for key in keys}}
 
 
 def _bench_device(cfg: BenchConfig) -> torch.device:
@@ -249,7 +264,7 @@ def _measure(functions: dict[str, Callable[[], None]], cfg: BenchConfig) -> dict
 
 
 def _time_settings(
-    model: GatedModel, plain, references, pruned, sliced, sliced_scope: str, onnx, kept_by_budget, cfg: BenchConfig, settings, progress: bool,
+    model: GatedModel, plain, references, pruned, sliced, sliced_scope: str, onnx, lean, kept_by_budget, cfg: BenchConfig, settings, progress: bool,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Time every candidate on each input setting, interleaved; (speed rows, gate-overhead entries)."""
     rows: list[dict[str, Any]] = []
@@ -266,6 +281,8 @@ def _time_settings(
             functions[f"pruned_{key}"] = _runner(compiled(pm), batches)
         for name, make in onnx.items():
             functions[name] = make(batches)
+        for name, module in lean.items():
+            functions[name] = _runner(compiled(module), batches)
         if sliced is not None:
             for b in kept_by_budget:
                 functions[f"sliced_{b}"] = (lambda budget, run: lambda: (sliced.set_budget(budget), run()))(b, _runner(sliced, batches))
@@ -284,6 +301,8 @@ def _time_settings(
                 row["onnx_latency_ms"] = latency[f"onnx_{key}"]
                 row["onnx_speedup"] = latency["onnx_dense"] / latency[f"onnx_{key}"]
                 row["onnx_efficiency"] = row["onnx_speedup"] / row["ideal_speedup"]
+            if f"lean_{key}" in latency:  # the lean copy of the pruned model against the lean dense copy
+                row.update(_lean_fields(latency, key, row["ideal_speedup"], references))
             if sliced is not None and row["scope"] == sliced_scope and b in kept_by_budget:
                 row["sliced_latency_ms"] = latency[f"sliced_{b}"]
                 row["sliced_speedup"] = dense_ms / latency[f"sliced_{b}"]
@@ -292,8 +311,21 @@ def _time_settings(
                  "gated_b1_latency_ms": latency["gated_b1"], "overhead": latency["gated_b1"] / dense_ms - 1.0}
         for name in references:
             entry[f"{name}_latency_ms"] = latency[name]
+        if lean:
+            entry["lean_dense_latency_ms"] = latency["lean_dense"]
         overhead.append(entry)
     return rows, overhead
+
+
+def _lean_fields(latency: dict[str, float], key: str, ideal: float, references) -> dict[str, float]:
+    """Row fields of a pruned model's lean copy: its latency, its speedup over the lean dense copy
+    (and that over the FLOP-ideal), and its speedup over each library reference."""
+    lean_ms = latency[f"lean_{key}"]
+    speedup = latency["lean_dense"] / lean_ms
+    fields = {"lean_dense_latency_ms": latency["lean_dense"], "lean_latency_ms": lean_ms, "lean_speedup": speedup, "lean_efficiency": speedup / ideal}
+    for name in references:
+        fields[f"lean_{name}_speedup"] = latency[name] / lean_ms
+    return fields
 
 
 def bench_against_reference(
@@ -373,15 +405,25 @@ def _onnx_cells(row: dict[str, Any]) -> str:
     return f" {row['onnx_dense_latency_ms']:.3f} | {row['onnx_latency_ms']:.3f} | {row['onnx_speedup']:.2f}x | {row['onnx_efficiency']:.2f} |"
 
 
+def _lean_cells(row: dict[str, Any], refs: list[str]) -> str:
+    if "lean_speedup" not in row:
+        return " |" * (4 + len(refs))
+    cells = f" {row['lean_dense_latency_ms']:.3f} | {row['lean_latency_ms']:.3f} | {row['lean_speedup']:.2f}x | {row['lean_efficiency']:.2f} |"
+    return cells + "".join(f" {row[f'lean_{name}_speedup']:.2f}x |" for name in refs)
+
+
 def bench_markdown(result: dict[str, Any]) -> str:
     """Markdown tables of a :func:`bench_models` result."""
     refs = result.get("setting", {}).get("library_references", [])
     onnx = any("onnx_speedup" in r for r in result["rows"])
+    lean = any("lean_speedup" in r for r in result["rows"])
     ref_header = "".join(f" speedup vs {name} |" for name in refs)
+    lean_header = " lean dense ms | lean pruned ms | lean speedup | lean / ideal |" + "".join(f" lean vs {name} |" for name in refs)
     lines = [
         "| budget | scope | input | batch | seq | threads | heads kept | FFN neurons per layer | FLOPs | dense ms | pruned ms | speedup | FLOP-ideal | speedup / ideal |"
-        + ref_header + " sliced speedup |" + (" ORT dense ms | ORT pruned ms | ORT speedup | ORT / ideal |" if onnx else ""),
-        "|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(refs) + "---:|" + ("---:|" * 4 if onnx else ""),
+        + ref_header + " sliced speedup |" + (lean_header if lean else "") + (" ORT dense ms | ORT pruned ms | ORT speedup | ORT / ideal |" if onnx else ""),
+        "|---:|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(refs) + "---:|"
+        + ("---:|" * (4 + len(refs)) if lean else "") + ("---:|" * 4 if onnx else ""),
     ]
     for r in result["rows"]:
         sliced = f"{r['sliced_speedup']:.2f}x" if "sliced_speedup" in r else ""
@@ -391,7 +433,8 @@ def bench_markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {r['budget']:.2f} | {r.get('scope', 'heads')} | {r.get('input', 'random')} | {r['batch_size']} | {r['seq_len']} | {r['threads']} | {r['heads_kept']} "
             f"{r['heads_per_layer']} | {'all' if ffn is None else ffn} | {flops} | {r['dense_latency_ms']:.3f} | {r['latency_ms']:.3f} | {r['speedup']:.2f}x | "
-            f"{r['ideal_speedup']:.2f}x | {r['efficiency']:.2f} |{ref_cells} {sliced} |" + (_onnx_cells(r) if onnx else "")
+            f"{r['ideal_speedup']:.2f}x | {r['efficiency']:.2f} |{ref_cells} {sliced} |" + (_lean_cells(r, refs) if lean else "")
+            + (_onnx_cells(r) if onnx else "")
         )
     lines += ["", "| input | batch | seq | plain dense ms | gated model at b=1 ms | overhead |", "|---|---:|---:|---:|---:|---:|"]
     for o in result["gate_overhead"]:
@@ -399,6 +442,9 @@ def bench_markdown(result: dict[str, Any]) -> str:
             f"| {o.get('input', 'random')} | {o['batch_size']} | {o['seq_len']} | {o['plain_latency_ms']:.3f} | "
             f"{o['gated_b1_latency_ms']:.3f} | {100 * o['overhead']:+.1f}% |"
         )
+    if lean:
+        lines += ["", f"Lean: {result['setting'].get('lean')}; lean speedup = the lean dense copy's latency over the lean pruned copy's; "
+                  "lean vs a library reference = that reference's latency over the lean pruned copy's."]
     if onnx:
         lines += ["", f"ORT: {result['setting'].get('onnx')}; ORT speedup = the dense graph's latency over the pruned graph's."]
     if "switch" in result:

@@ -400,6 +400,13 @@ class GatedBertClassifier(GatedModel):
             raise ValueError("the plain reference needs the unpruned model")
         return _UngatedCopy(self)
 
+    def inference_module(self) -> nn.Module:
+        """:class:`~budgeted_attention.hf.compact.CompactBert` of the current layout where
+        supported (``bert`` model type, no router), else ``self``."""
+        from budgeted_attention.hf.compact import CompactBert, compact_unsupported  # noqa: PLC0415
+
+        return self if compact_unsupported(self) is not None else CompactBert(self)
+
     def library_references(self) -> dict[str, nn.Module]:
         if self.is_pruned:
             return {}

@@ -450,6 +450,16 @@ class GatedModel(nn.Module):
         """
         raise NotImplementedError
 
+    def inference_module(self) -> nn.Module:
+        """The fastest module this family has for the current layout without gates: a lean copy
+        (same weights and kernels, less framework code) where the family has one, else ``self``.
+
+        Called as ``module(input_ids, attention_mask)``; logits equal ``self(ids, mask)`` up to
+        float rounding. Inference only: it neither gates nor routes, and it is a snapshot (later
+        surgery or ``set_active`` on ``self`` does not reach it).
+        """
+        return self
+
     def library_references(self) -> dict[str, nn.Module]:
         """Other timing references, e.g. the unmodified transformers model (name -> callable module)."""
         return {}

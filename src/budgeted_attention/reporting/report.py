@@ -223,6 +223,12 @@ _BENCH_COLUMNS = [
     ("sliced speedup", "sliced_speedup", ".2f", "x", False),
     ("vs plain", "plain_speedup", ".2f", "x", False),
     ("vs transformers", "transformers_speedup", ".2f", "x", False),
+    # The family's lean inference copy (BERT: CompactBert): pruned copy against the dense copy.
+    ("lean dense ms", "lean_dense_latency_ms", ".3f", "", False),
+    ("lean pruned ms", "lean_latency_ms", ".3f", "", False),
+    ("lean speedup", "lean_speedup", ".2f", "x", False),
+    ("lean / ideal", "lean_efficiency", ".2f", "", False),
+    ("lean vs transformers", "lean_transformers_speedup", ".2f", "x", False),
     # ONNX Runtime (baa bench --onnx): the pruned graph against the dense graph, same runtime.
     ("ORT dense ms", "onnx_dense_latency_ms", ".3f", "", False),
     ("ORT pruned ms", "onnx_latency_ms", ".3f", "", False),
@@ -268,6 +274,9 @@ def bench_table(result: dict[str, Any]) -> str:
     switch = result.get("switch")
     if isinstance(switch, dict) and isinstance(switch.get("switch_ms"), (int, float)):
         lines += ["", f"Budget switch (sliced layout): {1000 * switch['switch_ms']:.1f} µs median."]
+    if setting.get("lean"):
+        lines += ["", f"Lean: {setting['lean']}; lean speedup = the lean dense copy's latency over the lean pruned copy's; "
+                  "lean vs transformers = the unmodified transformers model's latency over the lean pruned copy's."]
     if setting.get("onnx"):
         lines += ["", f"ORT: {setting['onnx']}; ORT speedup = the dense graph's latency over the pruned graph's."]
     timing = [str(setting[k]) for k in ("timer",) if setting.get(k)]

@@ -1,0 +1,165 @@
+"""A lean inference copy of a (pruned) BERT classifier: the same weights and kernels, less Python.
+
+A pruned :class:`~budgeted_attention.hf.bert.GatedBertClassifier` still runs through the
+transformers module tree: mask construction, keyword plumbing, output dataclasses, three Q/K/V
+``F.linear`` calls and the gate bookkeeping of each layer. At batch 1 that fixed cost does not
+shrink with the model, so it eats a growing share of a pruned model's latency (on MiniLM at
+sequence 128 it held b = 0.5 to about 1.7x of the FLOP-ideal 2x).
+
+:class:`CompactBert` computes the same logits with one flat loop of the kernels the module tree
+calls anyway:
+
+* embeddings: ``F.embedding`` of words, absolute positions and token types, ``F.layer_norm``;
+* each layer: one fused Q/K/V ``addmm`` in the per-head interleaved layout of our own encoder
+  (rows of head h are ``[q_h; k_h; v_h]``, so the q/k/v views SDPA gets have the strides our
+  encoder's have), ``F.scaled_dot_product_attention`` with a boolean key mask built only when the
+  batch has padding, ``addmm`` with the transposed output weight, residual add and
+  ``F.layer_norm``; then the FFN as ``addmm``, the model's own activation function, ``addmm``,
+  residual add and ``F.layer_norm``;
+* a layer without heads (or without FFN neurons) adds only its output bias before its LayerNorm,
+  as the module tree does;
+* BERT's pooler (``tanh`` of a linear map of the first token) and the classifier.
+
+It is inference only (no dropout, no gates, no autograd bookkeeping is needed) and holds its own
+copies of the weights (the fused Q/K/V weight cannot be a view of three separate ones).
+Supported: transformers' ``bert`` model type with absolute position embeddings (BERT,
+BERT-Mini/Tiny, all-MiniLM). Other families (RoBERTa's padding-offset positions, ELECTRA's
+embedding projection and head) keep running through the module tree: see
+:func:`compact_unsupported`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from budgeted_attention.hf.architectures import base_model, encoder_layers, model_type
+
+if TYPE_CHECKING:
+    from budgeted_attention.hf.bert import GatedBertClassifier
+
+
+def compact_unsupported(model: GatedBertClassifier) -> str | None:
+    """Why ``model`` has no :class:`CompactBert` copy (None when it can have one)."""
+    kind = model_type(model.hf)
+    if kind != "bert":
+        return f"model type {kind!r} (only 'bert' has a compact inference copy)"
+    if getattr(model.hf.config, "position_embedding_type", "absolute") != "absolute":
+        return f"position_embedding_type {model.hf.config.position_embedding_type!r} (only 'absolute')"
+    if getattr(base_model(model.hf), "pooler", None) is None:
+        return "no pooler"
+    if model.router is not None:
+        return "a per-input router is attached (routing runs through the module tree)"
+    return None
+
+
+class _CompactLayer(nn.Module):
+    """One encoder layer's weights in the compact layout (buffers, so ``.to()`` moves them)."""
+
+    def __init__(self, layer: nn.Module, attention: nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        n, hd = attention.active_heads, attention.head_dim
+        width = n * hd
+        self.n_heads, self.head_dim, self.scaling = n, hd, attention.scaling
+        q, k, v = (getattr(attention, name) for name in ("query", "key", "value"))
+        d = q.weight.shape[1]
+        # (n, 3, hd, d) -> rows [q_h; k_h; v_h] per head h.
+        weight = torch.stack([t.weight[:width].reshape(n, hd, d) for t in (q, k, v)], dim=1)
+        bias = torch.stack([t.bias[:width].reshape(n, hd) for t in (q, k, v)], dim=1)
+        self.register_buffer("qkv_weight", weight.reshape(3 * width, d).detach().clone())
+        self.register_buffer("qkv_bias", bias.reshape(3 * width).detach().clone())
+        out = layer.attention.output
+        self.register_buffer("out_weight_t", out.dense.weight[:, :width].t().detach().contiguous())
+        self.register_buffer("out_bias", out.dense.bias.detach().clone())
+        self.register_buffer("ln_attn_weight", out.LayerNorm.weight.detach().clone())
+        self.register_buffer("ln_attn_bias", out.LayerNorm.bias.detach().clone())
+        self.ln_attn_eps = out.LayerNorm.eps
+        inter = layer.intermediate
+        ffn_width = getattr(inter, "active_width", inter.dense.out_features)
+        self.ffn_width = ffn_width
+        self.activation = activation
+        self.register_buffer("fc1_weight", inter.dense.weight[:ffn_width].detach().clone())
+        self.register_buffer("fc1_bias", inter.dense.bias[:ffn_width].detach().clone())
+        ffn_out = layer.output
+        self.register_buffer("fc2_weight_t", ffn_out.dense.weight[:, :ffn_width].t().detach().contiguous())
+        self.register_buffer("fc2_bias", ffn_out.dense.bias.detach().clone())
+        self.register_buffer("ln_ffn_weight", ffn_out.LayerNorm.weight.detach().clone())
+        self.register_buffer("ln_ffn_bias", ffn_out.LayerNorm.bias.detach().clone())
+        self.ln_ffn_eps = ffn_out.LayerNorm.eps
+
+    def forward(self, x: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None) -> torch.Tensor:
+        """(batch * seq, d) -> (batch * seq, d); ``mask``: None or boolean (batch, 1, 1, seq)."""
+        d = x.shape[1]
+        n, hd = self.n_heads, self.head_dim
+        if n:
+            qkv = torch.addmm(self.qkv_bias, x, self.qkv_weight.t())
+            q, k, v = qkv.view(batch, seq, n, 3, hd).permute(3, 0, 2, 1, 4).unbind(0)  # each (B, n, T, hd)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
+            y = torch.addmm(self.out_bias, y.transpose(1, 2).reshape(batch * seq, n * hd), self.out_weight_t)
+        else:  # no heads: the output projection adds its bias only
+            y = self.out_bias
+        x = F.layer_norm(y + x, (d,), self.ln_attn_weight, self.ln_attn_bias, self.ln_attn_eps)
+        if self.ffn_width:
+            h = self.activation(torch.addmm(self.fc1_bias, x, self.fc1_weight.t()))
+            y = torch.addmm(self.fc2_bias, h, self.fc2_weight_t)
+        else:
+            y = self.fc2_bias
+        return F.layer_norm(y + x, (d,), self.ln_ffn_weight, self.ln_ffn_bias, self.ln_ffn_eps)
+
+
+class CompactBert(nn.Module):
+    """The logits of a BERT classifier's current layout (pruned heads/neurons, active prefixes),
+    computed by one flat loop of kernels. Called like our models: ``(input_ids, attention_mask,
+    token_type_ids) -> (batch, n_classes)``.
+
+    Equal to ``model(ids, mask, token_type_ids)`` without gates up to float rounding (the
+    Q/K/V GEMM is fused, so sums run in another order).
+    """
+
+    def __init__(self, model: GatedBertClassifier) -> None:
+        super().__init__()
+        reason = compact_unsupported(model)
+        if reason is not None:
+            raise ValueError(f"no compact inference copy for this model: {reason}")
+        base = base_model(model.hf)
+        embeddings = base.embeddings
+        self.register_buffer("word_embeddings", embeddings.word_embeddings.weight.detach().clone())
+        self.register_buffer("position_embeddings", embeddings.position_embeddings.weight.detach().clone())
+        self.register_buffer("token_type_embeddings", embeddings.token_type_embeddings.weight.detach().clone())
+        self.register_buffer("ln_embeddings_weight", embeddings.LayerNorm.weight.detach().clone())
+        self.register_buffer("ln_embeddings_bias", embeddings.LayerNorm.bias.detach().clone())
+        self.ln_embeddings_eps = embeddings.LayerNorm.eps
+        self.layers = nn.ModuleList(
+            _CompactLayer(layer, attention, layer.intermediate.intermediate_act_fn)
+            for layer, attention in zip(encoder_layers(model.hf), model.attentions)
+        )
+        self.register_buffer("pooler_weight", base.pooler.dense.weight.detach().clone())
+        self.register_buffer("pooler_bias", base.pooler.dense.bias.detach().clone())
+        self.register_buffer("classifier_weight", model.hf.classifier.weight.detach().clone())
+        self.register_buffer("classifier_bias", model.hf.classifier.bias.detach().clone())
+        self.max_len = int(self.position_embeddings.shape[0])
+        self.eval()
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """(batch, seq) token ids (and optional 0/1 mask, segment ids) -> (batch, n_classes) logits."""
+        batch, seq = input_ids.shape
+        if seq > self.max_len:
+            raise ValueError(f"sequence length {seq} exceeds the model's max_len {self.max_len}")
+        d = self.word_embeddings.shape[1]
+        segments = self.token_type_embeddings[0] if token_type_ids is None else F.embedding(token_type_ids, self.token_type_embeddings)
+        x = F.embedding(input_ids, self.word_embeddings) + segments + self.position_embeddings[:seq]
+        x = F.layer_norm(x, (d,), self.ln_embeddings_weight, self.ln_embeddings_bias, self.ln_embeddings_eps).reshape(batch * seq, d)
+        mask = None  # SDPA runs its unmasked kernel when nothing is padded, as transformers does
+        if attention_mask is not None and not bool(attention_mask.all()):
+            mask = attention_mask.bool().view(batch, 1, 1, seq)
+        for layer in self.layers:
+            x = layer(x, batch, seq, mask)
+        first = x.view(batch, seq, d)[:, 0]
+        pooled = torch.tanh(F.linear(first, self.pooler_weight, self.pooler_bias))
+        return F.linear(pooled, self.classifier_weight, self.classifier_bias)

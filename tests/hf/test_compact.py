@@ -1,0 +1,101 @@
+"""CompactBert: the lean inference copy of a (pruned) BERT classifier computes the module tree's logits."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="transformers is not installed")
+from transformers import BertConfig, BertForSequenceClassification, RobertaConfig, RobertaForSequenceClassification  # noqa: E402
+
+from budgeted_attention.hf.bert import GatedBertClassifier  # noqa: E402
+from budgeted_attention.hf.compact import CompactBert, compact_unsupported  # noqa: E402
+from budgeted_attention.model.router import RouterConfig  # noqa: E402
+
+
+def _tiny_bert(ffn_group_size=0, **overrides):
+    torch.manual_seed(0)
+    settings = dict(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=16,
+                    num_labels=3, attn_implementation="sdpa", hidden_act="gelu")
+    settings.update(overrides)
+    return GatedBertClassifier(BertForSequenceClassification(BertConfig(**settings)).eval(), ffn_group_size=ffn_group_size).eval()
+
+
+def _inputs():
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 99, (4, 9), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0
+    mask[2, 2:] = 0
+    segments = torch.zeros_like(ids)
+    segments[:, 4:] = 1
+    return ids, mask, segments
+
+
+def _assert_same_logits(model, compact):
+    ids, mask, segments = _inputs()
+    with torch.no_grad():
+        for attention_mask, token_type_ids in ((None, None), (mask, None), (mask, segments)):
+            expected = model(ids, attention_mask, token_type_ids)
+            assert torch.allclose(compact(ids, attention_mask, token_type_ids), expected, atol=1e-5), (attention_mask, token_type_ids)
+
+
+def test_dense_compact_copy_equals_the_unmodified_transformers_model():
+    model = _tiny_bert()
+    compact = model.inference_module()
+    assert isinstance(compact, CompactBert)
+    reference = model.library_references()["transformers"]
+    ids, mask, segments = _inputs()
+    with torch.no_grad():
+        assert torch.allclose(compact(ids, mask, segments), reference(ids, mask, segments), atol=1e-5)
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu", "gelu_new"])
+def test_pruned_compact_copy_equals_the_pruned_model_with_uneven_empty_and_one_group_layers(act):
+    """Uneven heads, an attention layer without heads, an FFN reduced to one group and one without neurons."""
+    model = _tiny_bert(ffn_group_size=4, hidden_act=act)
+    with torch.no_grad():
+        model.keep_units([[0, 2, 3], [], [1]], [[1], [0, 1, 2, 3], []])
+    assert model.heads_per_layer == [3, 0, 1] and model.ffn_widths() == [4, 16, 0]
+    compact = model.inference_module()
+    assert [layer.n_heads for layer in compact.layers] == [3, 0, 1] and [layer.ffn_width for layer in compact.layers] == [4, 16, 0]
+    _assert_same_logits(model, compact)
+    full = _tiny_bert(ffn_group_size=4, hidden_act=act).inference_module()
+    ids, mask, _ = _inputs()
+    with torch.no_grad():  # pruning changed the logits: the comparison above is not vacuous
+        assert not torch.allclose(full(ids, mask), compact(ids, mask), atol=1e-4)
+
+
+def test_compact_copy_follows_the_active_prefixes_of_a_sorted_model():
+    model = _tiny_bert(ffn_group_size=4)
+    model.set_active([2, 4, 0], [1, 4, 0])
+    compact = model.inference_module()
+    assert [layer.n_heads for layer in compact.layers] == [2, 4, 0]
+    _assert_same_logits(model, compact)
+
+
+def test_compact_copy_is_a_snapshot_and_moves_with_to():
+    model = _tiny_bert()
+    compact = model.inference_module()
+    with torch.no_grad():
+        model.keep_heads([[0], [1], [2]])
+    assert [layer.n_heads for layer in compact.layers] == [4, 4, 4]
+    assert all(buffer.dtype == torch.float64 for buffer in compact.to(torch.float64).buffers())
+
+
+def test_too_long_inputs_are_refused_naming_the_length():
+    compact = _tiny_bert(max_position_embeddings=16).inference_module()
+    with pytest.raises(ValueError, match="sequence length 17 exceeds the model's max_len 16"):
+        compact(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_families_without_a_compact_copy_run_as_they_are():
+    roberta = RobertaForSequenceClassification(RobertaConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=16, num_labels=2,
+        attn_implementation="sdpa",
+    )).eval()
+    model = GatedBertClassifier(roberta)
+    assert "roberta" in compact_unsupported(model) and model.inference_module() is model
+    with pytest.raises(ValueError, match="no compact inference copy for this model: model type 'roberta'"):
+        CompactBert(model)
+    routed = _tiny_bert()
+    routed.attach_router(RouterConfig())
+    assert "router" in compact_unsupported(routed) and routed.inference_module() is routed
