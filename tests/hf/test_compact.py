@@ -99,3 +99,38 @@ def test_families_without_a_compact_copy_run_as_they_are():
     routed = _tiny_bert()
     routed.attach_router(RouterConfig())
     assert "router" in compact_unsupported(routed) and routed.inference_module() is routed
+
+
+def test_sliced_bert_serves_every_budget_through_the_lean_copy():
+    from budgeted_attention.model.gates import UnitGates  # noqa: PLC0415
+    from budgeted_attention.pruning.selection import UnitRanking  # noqa: PLC0415
+    from budgeted_attention.pruning.switching import SlicedModel  # noqa: PLC0415
+
+    model = _tiny_bert(ffn_group_size=4)
+    generator = torch.Generator().manual_seed(5)
+    scores = UnitGates(torch.rand(3, 4, generator=generator), torch.rand(3, 4, generator=generator))
+    ranking = UnitRanking.from_scores(scores, head_cost=3.0, group_cost=2.0, min_one_per_layer=False)
+    sliced = SlicedModel(model, ranking).eval()
+    module_tree = SlicedModel(model, ranking, lean=False).eval()
+    assert isinstance(sliced.lean, CompactBert) and module_tree.lean is None
+    ids, mask, _ = _inputs()
+    with torch.no_grad():
+        for budget in (0.25, 0.5, 1.0):
+            sliced.set_budget(budget)
+            module_tree.set_budget(budget)
+            kept = ranking.kept(budget)
+            assert [layer.n_heads for layer in sliced.lean.layers] == kept.heads_per_layer
+            assert torch.allclose(sliced(ids, mask), module_tree(ids, mask), atol=1e-5)
+            pruned = model.pruned_copy(kept.heads, kept.groups).eval()
+            assert torch.allclose(sliced(ids, mask), pruned(ids, mask), atol=1e-5)
+    sliced.set_budget(0.5)
+    with torch.enable_grad():  # autograd (and soft gates) always run the module tree
+        assert sliced(ids, mask).requires_grad
+
+
+def test_lean_copy_refuses_active_counts_it_does_not_store():
+    compact = _tiny_bert().inference_module()
+    with pytest.raises(ValueError, match="active heads 5 / FFN neurons 16 outside the stored 4 / 16"):
+        compact.set_active([5, 4, 4])
+    with pytest.raises(ValueError, match=r"one head count \(and FFN width\) per layer \(3\)"):
+        compact.set_active([1, 1])

@@ -57,6 +57,12 @@ def compact_unsupported(model: GatedBertClassifier) -> str | None:
     return None
 
 
+def _keep(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """A weight copy as a buffer (``.to()`` moves it); copies of the model's weights are never
+    saved, so they stay out of every state dict."""
+    module.register_buffer(name, tensor, persistent=False)
+
+
 class _CompactLayer(nn.Module):
     """One encoder layer's weights in the compact layout (buffers, so ``.to()`` moves them)."""
 
@@ -64,48 +70,63 @@ class _CompactLayer(nn.Module):
         super().__init__()
         n, hd = attention.active_heads, attention.head_dim
         width = n * hd
-        self.n_heads, self.head_dim, self.scaling = n, hd, attention.scaling
+        # Stored heads / neurons, and the prefix of them that runs (instant switching: a view).
+        self.stored_heads, self.n_heads, self.head_dim, self.scaling = n, n, hd, attention.scaling
         q, k, v = (getattr(attention, name) for name in ("query", "key", "value"))
         d = q.weight.shape[1]
         # (n, 3, hd, d) -> rows [q_h; k_h; v_h] per head h.
         weight = torch.stack([t.weight[:width].reshape(n, hd, d) for t in (q, k, v)], dim=1)
         bias = torch.stack([t.bias[:width].reshape(n, hd) for t in (q, k, v)], dim=1)
-        self.register_buffer("qkv_weight", weight.reshape(3 * width, d).detach().clone())
-        self.register_buffer("qkv_bias", bias.reshape(3 * width).detach().clone())
+        _keep(self, "qkv_weight", weight.reshape(3 * width, d).detach().clone())
+        _keep(self, "qkv_bias", bias.reshape(3 * width).detach().clone())
         out = layer.attention.output
-        self.register_buffer("out_weight_t", out.dense.weight[:, :width].t().detach().contiguous())
-        self.register_buffer("out_bias", out.dense.bias.detach().clone())
-        self.register_buffer("ln_attn_weight", out.LayerNorm.weight.detach().clone())
-        self.register_buffer("ln_attn_bias", out.LayerNorm.bias.detach().clone())
+        _keep(self, "out_weight_t", out.dense.weight[:, :width].t().detach().contiguous())
+        _keep(self, "out_bias", out.dense.bias.detach().clone())
+        _keep(self, "ln_attn_weight", out.LayerNorm.weight.detach().clone())
+        _keep(self, "ln_attn_bias", out.LayerNorm.bias.detach().clone())
         self.ln_attn_eps = out.LayerNorm.eps
         inter = layer.intermediate
         ffn_width = getattr(inter, "active_width", inter.dense.out_features)
-        self.ffn_width = ffn_width
+        self.stored_width = self.ffn_width = ffn_width
         self.activation = activation
-        self.register_buffer("fc1_weight", inter.dense.weight[:ffn_width].detach().clone())
-        self.register_buffer("fc1_bias", inter.dense.bias[:ffn_width].detach().clone())
+        _keep(self, "fc1_weight", inter.dense.weight[:ffn_width].detach().clone())
+        _keep(self, "fc1_bias", inter.dense.bias[:ffn_width].detach().clone())
         ffn_out = layer.output
-        self.register_buffer("fc2_weight_t", ffn_out.dense.weight[:, :ffn_width].t().detach().contiguous())
-        self.register_buffer("fc2_bias", ffn_out.dense.bias.detach().clone())
-        self.register_buffer("ln_ffn_weight", ffn_out.LayerNorm.weight.detach().clone())
-        self.register_buffer("ln_ffn_bias", ffn_out.LayerNorm.bias.detach().clone())
+        _keep(self, "fc2_weight_t", ffn_out.dense.weight[:, :ffn_width].t().detach().contiguous())
+        _keep(self, "fc2_bias", ffn_out.dense.bias.detach().clone())
+        _keep(self, "ln_ffn_weight", ffn_out.LayerNorm.weight.detach().clone())
+        _keep(self, "ln_ffn_bias", ffn_out.LayerNorm.bias.detach().clone())
         self.ln_ffn_eps = ffn_out.LayerNorm.eps
+
+    def set_active(self, heads: int, ffn_width: int) -> None:
+        """Run the first ``heads`` stored heads and ``ffn_width`` stored FFN neurons."""
+        if not (0 <= heads <= self.stored_heads and 0 <= ffn_width <= self.stored_width):
+            raise ValueError(
+                f"active heads {heads} / FFN neurons {ffn_width} outside the stored {self.stored_heads} / {self.stored_width}"
+            )
+        self.n_heads, self.ffn_width = heads, ffn_width
 
     def forward(self, x: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None) -> torch.Tensor:
         """(batch * seq, d) -> (batch * seq, d); ``mask``: None or boolean (batch, 1, 1, seq)."""
         d = x.shape[1]
-        n, hd = self.n_heads, self.head_dim
+        n, hd, width = self.n_heads, self.head_dim, self.ffn_width
         if n:
-            qkv = torch.addmm(self.qkv_bias, x, self.qkv_weight.t())
+            qkv_weight, qkv_bias, out_weight_t = self.qkv_weight, self.qkv_bias, self.out_weight_t
+            if n != self.stored_heads:  # a prefix of heads: contiguous views in this layout
+                qkv_weight, qkv_bias, out_weight_t = qkv_weight[: 3 * n * hd], qkv_bias[: 3 * n * hd], out_weight_t[: n * hd]
+            qkv = torch.addmm(qkv_bias, x, qkv_weight.t())
             q, k, v = qkv.view(batch, seq, n, 3, hd).permute(3, 0, 2, 1, 4).unbind(0)  # each (B, n, T, hd)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
-            y = torch.addmm(self.out_bias, y.transpose(1, 2).reshape(batch * seq, n * hd), self.out_weight_t)
+            y = torch.addmm(self.out_bias, y.transpose(1, 2).reshape(batch * seq, n * hd), out_weight_t)
         else:  # no heads: the output projection adds its bias only
             y = self.out_bias
         x = F.layer_norm(y + x, (d,), self.ln_attn_weight, self.ln_attn_bias, self.ln_attn_eps)
-        if self.ffn_width:
-            h = self.activation(torch.addmm(self.fc1_bias, x, self.fc1_weight.t()))
-            y = torch.addmm(self.fc2_bias, h, self.fc2_weight_t)
+        if width:
+            fc1_weight, fc1_bias, fc2_weight_t = self.fc1_weight, self.fc1_bias, self.fc2_weight_t
+            if width != self.stored_width:
+                fc1_weight, fc1_bias, fc2_weight_t = fc1_weight[:width], fc1_bias[:width], fc2_weight_t[:width]
+            h = self.activation(torch.addmm(fc1_bias, x, fc1_weight.t()))
+            y = torch.addmm(self.fc2_bias, h, fc2_weight_t)
         else:
             y = self.fc2_bias
         return F.layer_norm(y + x, (d,), self.ln_ffn_weight, self.ln_ffn_bias, self.ln_ffn_eps)
@@ -127,22 +148,30 @@ class CompactBert(nn.Module):
             raise ValueError(f"no compact inference copy for this model: {reason}")
         base = base_model(model.hf)
         embeddings = base.embeddings
-        self.register_buffer("word_embeddings", embeddings.word_embeddings.weight.detach().clone())
-        self.register_buffer("position_embeddings", embeddings.position_embeddings.weight.detach().clone())
-        self.register_buffer("token_type_embeddings", embeddings.token_type_embeddings.weight.detach().clone())
-        self.register_buffer("ln_embeddings_weight", embeddings.LayerNorm.weight.detach().clone())
-        self.register_buffer("ln_embeddings_bias", embeddings.LayerNorm.bias.detach().clone())
+        _keep(self, "word_embeddings", embeddings.word_embeddings.weight.detach().clone())
+        _keep(self, "position_embeddings", embeddings.position_embeddings.weight.detach().clone())
+        _keep(self, "token_type_embeddings", embeddings.token_type_embeddings.weight.detach().clone())
+        _keep(self, "ln_embeddings_weight", embeddings.LayerNorm.weight.detach().clone())
+        _keep(self, "ln_embeddings_bias", embeddings.LayerNorm.bias.detach().clone())
         self.ln_embeddings_eps = embeddings.LayerNorm.eps
         self.layers = nn.ModuleList(
             _CompactLayer(layer, attention, layer.intermediate.intermediate_act_fn)
             for layer, attention in zip(encoder_layers(model.hf), model.attentions)
         )
-        self.register_buffer("pooler_weight", base.pooler.dense.weight.detach().clone())
-        self.register_buffer("pooler_bias", base.pooler.dense.bias.detach().clone())
-        self.register_buffer("classifier_weight", model.hf.classifier.weight.detach().clone())
-        self.register_buffer("classifier_bias", model.hf.classifier.bias.detach().clone())
+        _keep(self, "pooler_weight", base.pooler.dense.weight.detach().clone())
+        _keep(self, "pooler_bias", base.pooler.dense.bias.detach().clone())
+        _keep(self, "classifier_weight", model.hf.classifier.weight.detach().clone())
+        _keep(self, "classifier_bias", model.hf.classifier.bias.detach().clone())
         self.max_len = int(self.position_embeddings.shape[0])
         self.eval()
+
+    def set_active(self, heads: list[int], ffn_widths: list[int] | None = None) -> None:
+        """Run a prefix of each layer's stored heads (and FFN neurons; None: all of them), as
+        :meth:`GatedModel.set_active` does on the module tree: views, no copies."""
+        if len(heads) != len(self.layers) or (ffn_widths is not None and len(ffn_widths) != len(self.layers)):
+            raise ValueError(f"need one head count (and FFN width) per layer ({len(self.layers)}), got {heads} / {ffn_widths}")
+        for index, layer in enumerate(self.layers):
+            layer.set_active(heads[index], layer.stored_width if ffn_widths is None else ffn_widths[index])
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None

@@ -456,7 +456,9 @@ class GatedModel(nn.Module):
 
         Called as ``module(input_ids, attention_mask)``; logits equal ``self(ids, mask)`` up to
         float rounding. Inference only: it neither gates nor routes, and it is a snapshot (later
-        surgery or ``set_active`` on ``self`` does not reach it).
+        surgery or ``set_active`` on ``self`` does not reach it). A lean copy (not ``self``) has
+        its own ``set_active(head_counts, ffn_widths)`` (FFN widths in neurons; None: all), which
+        :class:`~budgeted_attention.pruning.switching.SlicedModel` switches with the model.
         """
         return self
 

@@ -26,9 +26,14 @@ class SlicedModel(nn.Module):
         logits = served(input_ids)  # runs only the kept heads, without gate code
     """
 
-    def __init__(self, model: GatedModel, ranking: Ranking) -> None:
+    def __init__(self, model: GatedModel, ranking: Ranking, *, lean: bool = True) -> None:
+        """``lean``: serve hard selections through the family's lean inference copy of the sorted
+        layout (:meth:`GatedModel.inference_module`, e.g. BERT's CompactBert), switched along with
+        the module tree; soft gates, training and autograd always run the module tree."""
         super().__init__()
         self.model = sort_heads(model, ranking)
+        copy = self.model.inference_module() if lean else self.model
+        self.lean: nn.Module | None = None if copy is self.model else copy
         self.ranking = ranking
         self._counts_cache: dict[float, tuple[list[int], list[int] | None]] = {}
         self.budget = 1.0
@@ -47,6 +52,8 @@ class SlicedModel(nn.Module):
         """Switch to ``budget``: only per-layer head (and FFN group) counts change; no weights are copied."""
         heads, groups = self.counts_for(budget)
         self.model.set_active(heads, groups)
+        if self.lean is not None:
+            self.lean.set_active(heads, None if groups is None else [g * self.model.group_size for g in groups])
         self.budget = float(budget)
 
     def forward(
@@ -62,4 +69,6 @@ class SlicedModel(nn.Module):
         ``budget``: soft gates g(b) on top of the active heads, re-indexed to the sorted layout
         (rarely wanted when serving; the hard selection alone is the pruned model).
         """
+        if budget is None and self.lean is not None and not self.training and not torch.is_grad_enabled():
+            return self.lean(input_ids, attention_mask, token_type_ids)
         return self.model(input_ids, attention_mask, token_type_ids, budget=budget)

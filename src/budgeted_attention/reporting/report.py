@@ -274,6 +274,8 @@ def bench_table(result: dict[str, Any]) -> str:
     switch = result.get("switch")
     if isinstance(switch, dict) and isinstance(switch.get("switch_ms"), (int, float)):
         lines += ["", f"Budget switch (sliced layout): {1000 * switch['switch_ms']:.1f} µs median."]
+        if setting.get("sliced"):
+            lines += ["", f"Sliced layout: runs the {setting['sliced']}."]
     if setting.get("lean"):
         lines += ["", f"Lean: {setting['lean']}; lean speedup = the lean dense copy's latency over the lean pruned copy's; "
                   "lean vs transformers = the unmodified transformers model's latency over the lean pruned copy's."]
