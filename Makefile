@@ -60,10 +60,13 @@ results: $(STAMP)
 	$(BIN)/baa bench --no-progress runs/minilm_all_seed0 --compile --budgets 0.25,0.5 --batch-sizes 1 --seq-lens 128 --threads 1 --rounds 5 --min-run-time 0.2 --json runs/minilm_all_seed0/bench_compile_b1.json
 	$(BIN)/baa bench --no-progress runs/minilm_all_seed0 --compile --budgets 0.25,0.5 --batch-sizes 1 --seq-lens 128 --threads 1 --rounds 5 --min-run-time 0.2 --json runs/minilm_all_seed0/bench_compile_b1_repeat.json
 	$(BIN)/baa bench --no-progress runs/minilm_all_seed0 --onnx --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --threads 1 --rounds 5 --min-run-time 0.2 --json runs/minilm_all_seed0/bench_onnx.json
+	$(BIN)/baa bench --no-progress runs/minilm_all_seed0 --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --lengths --threads 1 --rounds 5 --min-run-time 0.2 --json runs/minilm_all_seed0/bench_lean.json
 	$(BIN)/baa experiment --no-progress --threads 1 configs/minilm_bbc_short_all.yaml --set 'seeds=[1]' --set 'methods=[dense,budgeted,budgeted-hard]' --out runs/minilm_all_seed1
 	$(BIN)/baa bench --no-progress runs/minilm_all_seed1 --onnx --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --threads 1 --rounds 5 --min-run-time 0.2 --json runs/minilm_all_seed1/bench_onnx.json
+	$(BIN)/baa bench --no-progress runs/minilm_all_seed1 --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --lengths --threads 1 --rounds 5 --min-run-time 0.2 --json runs/minilm_all_seed1/bench_lean.json
 	$(BIN)/baa experiment --no-progress --threads 1 configs/minilm_bbc_short_all.yaml --set 'seeds=[2]' --set 'methods=[dense,budgeted,budgeted-hard]' --out runs/minilm_all_seed2
 	$(BIN)/baa bench --no-progress runs/minilm_all_seed2 --onnx --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --threads 1 --rounds 5 --min-run-time 0.2 --json runs/minilm_all_seed2/bench_onnx.json
+	$(BIN)/baa bench --no-progress runs/minilm_all_seed2 --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --lengths --threads 1 --rounds 5 --min-run-time 0.2 --json runs/minilm_all_seed2/bench_lean.json
 	$(BIN)/python benchmarks/serve_load.py runs/minilm_all_seed0 --out runs/serve_ab_engine_process --trial-seconds 20 --loads 1.5,2 --arrivals bursty \
 		--modes slo,fixed-0.5 --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 \
 		--set engine_process=false --capacity-budgets 0.5,0.25,0.1 --repeats 3 --variant engine_process=true

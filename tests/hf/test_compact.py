@@ -1,5 +1,7 @@
 """CompactBert: the lean inference copy of a (pruned) BERT classifier computes the module tree's logits."""
 
+from unittest.mock import patch
+
 import pytest
 import torch
 
@@ -110,7 +112,7 @@ def test_sliced_bert_serves_every_budget_through_the_lean_copy():
     generator = torch.Generator().manual_seed(5)
     scores = UnitGates(torch.rand(3, 4, generator=generator), torch.rand(3, 4, generator=generator))
     ranking = UnitRanking.from_scores(scores, head_cost=3.0, group_cost=2.0, min_one_per_layer=False)
-    sliced = SlicedModel(model, ranking).eval()
+    sliced = SlicedModel(model, ranking)  # not .eval(): the wrapped model's mode decides
     module_tree = SlicedModel(model, ranking, lean=False).eval()
     assert isinstance(sliced.lean, CompactBert) and module_tree.lean is None
     ids, mask, _ = _inputs()
@@ -124,7 +126,15 @@ def test_sliced_bert_serves_every_budget_through_the_lean_copy():
             pruned = model.pruned_copy(kept.heads, kept.groups).eval()
             assert torch.allclose(sliced(ids, mask), pruned(ids, mask), atol=1e-5)
     sliced.set_budget(0.5)
-    with torch.enable_grad():  # autograd (and soft gates) always run the module tree
+    with torch.no_grad(), patch.object(CompactBert, "forward", autospec=True, side_effect=CompactBert.forward) as spy:
+        sliced(ids, mask)  # hard selections in eval mode without autograd: the lean copy
+    assert spy.call_count == 1
+    with torch.no_grad(), patch.object(CompactBert, "forward", side_effect=AssertionError("lean copy used")):
+        sliced(ids, mask, budget=0.5)  # soft gates run the module tree
+        sliced.train()
+        sliced(ids, mask)  # so does training mode
+    with torch.enable_grad():  # and autograd
+        sliced.eval()
         assert sliced(ids, mask).requires_grad
 
 

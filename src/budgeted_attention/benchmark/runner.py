@@ -163,7 +163,7 @@ def bench_models(
         units = as_kept(kept)
         scope = "heads" if units.groups is None else "all"
         pruned[_key(b, scope)] = (b, model.pruned_copy(units.heads, units.groups).to(device), scope == "all")
-    sliced = SlicedModel(model, ranking).to(device) if (ranking is not None and cfg.include_sliced) else None
+    sliced = SlicedModel(model, ranking).eval().to(device) if (ranking is not None and cfg.include_sliced) else None
     model = model.to(device)  # the gated model at b = 1 (moved back to the CPU at the end)
     sliced_scope = "all" if isinstance(ranking, UnitRanking) else "heads"
     main_keys = [_key(b, "heads" if as_kept(k).groups is None else "all") for b, k in kept_by_budget.items()]

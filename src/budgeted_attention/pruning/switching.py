@@ -69,6 +69,7 @@ class SlicedModel(nn.Module):
         ``budget``: soft gates g(b) on top of the active heads, re-indexed to the sorted layout
         (rarely wanted when serving; the hard selection alone is the pruned model).
         """
-        if budget is None and self.lean is not None and not self.training and not torch.is_grad_enabled():
+        # The wrapped model's mode decides (a new SlicedModel is in training mode whatever it wraps).
+        if budget is None and self.lean is not None and not self.model.training and not torch.is_grad_enabled():
             return self.lean(input_ids, attention_mask, token_type_ids)
         return self.model(input_ids, attention_mask, token_type_ids, budget=budget)
