@@ -66,6 +66,8 @@ bench: {{rounds: 1, min_run_time: 0.005}}
     assert result["setting"]["lean"].startswith("CompactBert")
     assert row["lean_speedup"] > 0 and row["lean_transformers_speedup"] > 0 and row["lean_efficiency"] > 0
     assert result["gate_overhead"][0]["lean_dense_latency_ms"] > 0
+    assert result["setting"]["sliced"] == "lean copy, over the lean dense copy" and "lean_speedup" not in hard[0]
+    assert row["sliced_speedup"] == row["lean_dense_latency_ms"] / row["sliced_latency_ms"]
     assert "| lean dense ms | lean pruned ms | lean speedup | lean / ideal | lean vs transformers |" in (tmp_path / "b.md").read_text()
 
     # baa serve's engine serves a BERT run through the lean copy, with the module tree's answers.
@@ -75,11 +77,15 @@ bench: {{rounds: 1, min_run_time: 0.005}}
     from budgeted_attention.serving.config import ServeConfig  # noqa: PLC0415
     from budgeted_attention.serving.engine import Engine  # noqa: PLC0415
 
+    from unittest.mock import patch  # noqa: PLC0415
+
     engine = Engine(out, ServeConfig(budgets=[0.5, 1.0], min_budget=0.5, warmup_batches=0, calibration_batch_sizes=[1]))
     assert isinstance(engine.sliced.lean, CompactBert)
     ids = engine.tokenize(["the minister won the election", "shares of the bank fell"])
     for budget in (0.5, 1.0):
-        lean = engine.run(ids, budget)
+        with patch.object(CompactBert, "forward", autospec=True, side_effect=CompactBert.forward) as spy:
+            lean = engine.run(ids, budget)
+        assert spy.call_count == 1
         input_ids, mask = engine.pad(ids)
         with torch.no_grad():
             module_tree = torch.softmax(engine.sliced.model(input_ids, mask), dim=-1)

@@ -15,8 +15,10 @@ from budgeted_attention.model.router import RouterConfig  # noqa: E402
 
 def _tiny_bert(ffn_group_size=0, **overrides):
     torch.manual_seed(0)
+    # initializer_range 0.2 (BERT's default is 0.02): attention far from uniform, so a wrong
+    # scale or swapped q/k moves the logits well past the tolerance.
     settings = dict(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=16,
-                    num_labels=3, attn_implementation="sdpa", hidden_act="gelu")
+                    num_labels=3, attn_implementation="sdpa", hidden_act="gelu", initializer_range=0.2)
     settings.update(overrides)
     return GatedBertClassifier(BertForSequenceClassification(BertConfig(**settings)).eval(), ffn_group_size=ffn_group_size).eval()
 
@@ -27,6 +29,7 @@ def _inputs():
     mask = torch.ones_like(ids)
     mask[0, 5:] = 0
     mask[2, 2:] = 0
+    mask[3] = 0  # a fully padded row: the same (finite) logits on both paths
     segments = torch.zeros_like(ids)
     segments[:, 4:] = 1
     return ids, mask, segments
@@ -48,6 +51,10 @@ def test_dense_compact_copy_equals_the_unmodified_transformers_model():
     ids, mask, segments = _inputs()
     with torch.no_grad():
         assert torch.allclose(compact(ids, mask, segments), reference(ids, mask, segments), atol=1e-5)
+        # Negative control: the attention scale matters at this initialisation.
+        for layer in compact.layers:
+            layer.scaling *= 2
+        assert (compact(ids, mask, segments) - reference(ids, mask, segments)).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("act", ["gelu", "relu", "gelu_new"])
@@ -74,13 +81,23 @@ def test_compact_copy_follows_the_active_prefixes_of_a_sorted_model():
     _assert_same_logits(model, compact)
 
 
-def test_compact_copy_is_a_snapshot_and_moves_with_to():
+def test_compact_copy_is_a_snapshot_that_knows_when_it_is_stale_and_moves_with_to():
     model = _tiny_bert()
     compact = model.inference_module()
+    assert compact.is_current(model) and not list(compact.state_dict())  # weights are saved with the model only
     with torch.no_grad():
-        model.keep_heads([[0], [1], [2]])
-    assert [layer.n_heads for layer in compact.layers] == [4, 4, 4]
+        model.hf.classifier.bias.add_(1.0)  # values written in place
+    assert not compact.is_current(model)
+    compact = model.inference_module()
+    with torch.no_grad():
+        model.keep_heads([[0], [1], [2]])  # surgery replaces parameters
+    assert [layer.n_heads for layer in compact.layers] == [4, 4, 4] and not compact.is_current(model)
     assert all(buffer.dtype == torch.float64 for buffer in compact.to(torch.float64).buffers())
+
+
+def test_decoder_configs_have_no_compact_copy():
+    model = _tiny_bert(is_decoder=True)
+    assert "decoder" in compact_unsupported(model) and model.inference_module() is model
 
 
 def test_too_long_inputs_are_refused_naming_the_length():
@@ -121,8 +138,9 @@ def test_sliced_bert_serves_every_budget_through_the_lean_copy():
             sliced.set_budget(budget)
             module_tree.set_budget(budget)
             kept = ranking.kept(budget)
-            assert [layer.n_heads for layer in sliced.lean.layers] == kept.heads_per_layer
             assert torch.allclose(sliced(ids, mask), module_tree(ids, mask), atol=1e-5)
+            assert [layer.n_heads for layer in sliced.lean.layers] == kept.heads_per_layer
+            assert [layer.ffn_width for layer in sliced.lean.layers] == [4 * g for g in kept.groups_per_layer]
             pruned = model.pruned_copy(kept.heads, kept.groups).eval()
             assert torch.allclose(sliced(ids, mask), pruned(ids, mask), atol=1e-5)
     sliced.set_budget(0.5)
@@ -144,3 +162,28 @@ def test_lean_copy_refuses_active_counts_it_does_not_store():
         compact.set_active([5, 4, 4])
     with pytest.raises(ValueError, match=r"one head count \(and FFN width\) per layer \(3\)"):
         compact.set_active([1, 1])
+
+
+def test_sliced_bert_keeps_its_lean_copy_in_step_with_the_model():
+    from budgeted_attention.pruning.selection import HeadRanking  # noqa: PLC0415
+    from budgeted_attention.pruning.switching import SlicedModel  # noqa: PLC0415
+
+    model = _tiny_bert()
+    sliced = SlicedModel(model, HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(2))))
+    ids, mask, _ = _inputs()
+    with torch.no_grad():
+        sliced.set_budget(0.5)
+        first = sliced.lean
+        sliced.model.set_active([1, 2, 3])  # set directly on the model: the copy follows
+        assert torch.allclose(sliced(ids, mask), sliced.model(ids, mask), atol=1e-5)
+        assert [layer.n_heads for layer in sliced.lean.layers] == [1, 2, 3] and sliced.lean is first
+        sliced.model.hf.classifier.bias.add_(1.0)  # changed values: the copy is rebuilt
+        assert torch.allclose(sliced(ids, mask), sliced.model(ids, mask), atol=1e-5)
+        assert sliced.lean is not first and [layer.n_heads for layer in sliced.lean.layers] == [1, 2, 3]
+
+
+def test_lean_copy_widths_stay_when_not_given():
+    compact = _tiny_bert(ffn_group_size=4).inference_module()
+    compact.set_active([4, 4, 4], [8, 4, 0])
+    compact.set_active([1, 2, 3])
+    assert [layer.ffn_width for layer in compact.layers] == [8, 4, 0] and [layer.n_heads for layer in compact.layers] == [1, 2, 3]

@@ -185,7 +185,7 @@ def bench_models(
             "rounds": cfg.rounds,
             "min_run_time_s": cfg.min_run_time,
             "timer": "torch.utils.benchmark blocked_autorange, interleaved, median of round medians"
-            + (", torch.compile of the references and pruned models (the gated model and the sliced layout run eager)" if cfg.compile else ""),
+            + (", torch.compile of the references, pruned models and lean copies (the gated model and the sliced layout run eager)" if cfg.compile else ""),
             "compile": cfg.compile,
             "dense_reference": f"{type(plain).__name__}: same weights and kernels, no gate code",
             "library_references": sorted(references),
@@ -193,7 +193,7 @@ def bench_models(
             "family": model.family,
             "onnx": f"onnxruntime {_ort_version()}, {cfg.threads} intra-op thread(s), b = 1 graph as its reference" if cfg.onnx else None,
             "lean": (
-                f"{type(lean['lean_dense']).__name__}: the family's lean inference copy (same weights and kernels, "
+                f"{type(lean['lean_dense']).__name__}: the family's lean inference copy (same weights and kernel types, "
                 "less framework code), the dense one as its reference" if lean else None
             ),
             # What the sliced layout runs (and so which dense model its speedup is over).
@@ -447,8 +447,9 @@ def bench_markdown(result: dict[str, Any]) -> str:
             f"{o['gated_b1_latency_ms']:.3f} | {100 * o['overhead']:+.1f}% |"
         )
     if lean:
-        lines += ["", f"Lean: {result['setting'].get('lean')}; lean speedup = the lean dense copy's latency over the lean pruned copy's; "
-                  "lean vs a library reference = that reference's latency over the lean pruned copy's."]
+        lines += ["", f"Lean: {result['setting'].get('lean')}; lean speedup = the lean dense copy's latency over the lean pruned copy's "
+                  "(like for like); lean vs a library reference = that reference's latency over the lean pruned copy's (the runtime's "
+                  "gain included)."]
     if onnx:
         lines += ["", f"ORT: {result['setting'].get('onnx')}; ORT speedup = the dense graph's latency over the pruned graph's."]
     if "switch" in result:

@@ -1,4 +1,4 @@
-"""A lean inference copy of a (pruned) BERT classifier: the same weights and kernels, less Python.
+"""A lean inference copy of a (pruned) BERT classifier: the same weights and kernel types, less Python.
 
 A pruned :class:`~budgeted_attention.hf.bert.GatedBertClassifier` still runs through the
 transformers module tree: mask construction, keyword plumbing, output dataclasses, three Q/K/V
@@ -6,26 +6,36 @@ transformers module tree: mask construction, keyword plumbing, output dataclasse
 shrink with the model, so it eats a growing share of a pruned model's latency (on MiniLM at
 sequence 128 it held b = 0.5 to about 1.7x of the FLOP-ideal 2x).
 
-:class:`CompactBert` computes the same logits with one flat loop of the kernels the module tree
-calls anyway:
+:class:`CompactBert` computes the same logits with one flat loop of the kernel types the module
+tree calls anyway:
 
 * embeddings: ``F.embedding`` of words, absolute positions and token types, ``F.layer_norm``;
 * each layer: one fused Q/K/V ``addmm`` in the per-head interleaved layout of our own encoder
-  (rows of head h are ``[q_h; k_h; v_h]``, so the q/k/v views SDPA gets have the strides our
-  encoder's have), ``F.scaled_dot_product_attention`` with a boolean key mask built only when the
-  batch has padding, ``addmm`` with the transposed output weight, residual add and
-  ``F.layer_norm``; then the FFN as ``addmm``, the model's own activation function, ``addmm``,
-  residual add and ``F.layer_norm``;
-* a layer without heads (or without FFN neurons) adds only its output bias before its LayerNorm,
+  (rows of head h are ``[q_h; k_h; v_h]``, so any prefix of heads is a contiguous view and the
+  q/k/v views SDPA gets have our encoder's strides), ``F.scaled_dot_product_attention`` with a
+  boolean (batch, 1, 1, seq) key mask built only when the batch has padding, ``addmm`` with the
+  output weight stored transposed, residual add and ``F.layer_norm``; then the FFN as ``addmm``,
+  the model's own activation function, ``addmm`` (second weight stored transposed), residual add
+  and ``F.layer_norm``;
+* a layer running no heads (or no FFN neurons) adds only its output bias before its LayerNorm,
   as the module tree does;
 * BERT's pooler (``tanh`` of a linear map of the first token) and the classifier.
 
-It is inference only (no dropout, no gates, no autograd bookkeeping is needed) and holds its own
-copies of the weights (the fused Q/K/V weight cannot be a view of three separate ones).
-Supported: transformers' ``bert`` model type with absolute position embeddings (BERT,
-BERT-Mini/Tiny, all-MiniLM). Other families (RoBERTa's padding-offset positions, ELECTRA's
-embedding projection and head) keep running through the module tree: see
-:func:`compact_unsupported`.
+So it differs from the module tree in three ways besides the Python it leaves out: the fused Q/K/V
+GEMM, the transposed storage of the output and second FFN weights, and the mask shape. Timing it
+against the module tree or transformers measures all of these together; timing its pruned copy
+against its dense copy is like for like.
+
+Weights: the fused Q/K/V weights and the two transposed weights are copies; everything else
+(embeddings, LayerNorms, biases, the first FFN weight) is shared with the model. Heads and FFN
+neurons run as prefixes of the stored ones (:meth:`CompactBert.set_active`), so one copy of a
+sorted layout serves every budget, as :class:`~budgeted_attention.pruning.switching.SlicedModel`
+does with it. The copy is a snapshot: :meth:`CompactBert.is_current` says whether the model's
+parameters (or their values) have changed since.
+
+Supported: transformers' ``bert`` model type used as an encoder (BERT, BERT-Mini/Tiny,
+all-MiniLM). Other families (RoBERTa's padding-offset positions, ELECTRA's embedding projection
+and head) and decoder configs keep running through the module tree: see :func:`compact_unsupported`.
 """
 
 from __future__ import annotations
@@ -46,10 +56,13 @@ if TYPE_CHECKING:
 def compact_unsupported(model: GatedBertClassifier) -> str | None:
     """Why ``model`` has no :class:`CompactBert` copy (None when it can have one)."""
     kind = model_type(model.hf)
+    config = model.hf.config
     if kind != "bert":
         return f"model type {kind!r} (only 'bert' has a compact inference copy)"
-    if getattr(model.hf.config, "position_embedding_type", "absolute") != "absolute":
-        return f"position_embedding_type {model.hf.config.position_embedding_type!r} (only 'absolute')"
+    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+        return "a decoder config (is_decoder / add_cross_attention): the copy attends bidirectionally"
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        return f"position_embedding_type {config.position_embedding_type!r} (only 'absolute')"
     if getattr(base_model(model.hf), "pooler", None) is None:
         return "no pooler"
     if model.router is not None:
@@ -57,45 +70,51 @@ def compact_unsupported(model: GatedBertClassifier) -> str | None:
     return None
 
 
+def model_signature(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """(identity, in-place version) of every parameter: changes when surgery replaces a parameter
+    and when its values are written in place (optimiser steps, ``load_state_dict``)."""
+    return tuple((id(p), p._version) for p in model.parameters())
+
+
 def _keep(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
-    """A weight copy as a buffer (``.to()`` moves it); copies of the model's weights are never
-    saved, so they stay out of every state dict."""
+    """A weight as a buffer (``.to()`` moves it), never saved: the model's weights are saved with
+    the model, so these stay out of every state dict."""
     module.register_buffer(name, tensor, persistent=False)
 
 
 class _CompactLayer(nn.Module):
-    """One encoder layer's weights in the compact layout (buffers, so ``.to()`` moves them)."""
+    """One encoder layer's weights in the compact layout."""
 
     def __init__(self, layer: nn.Module, attention: nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
-        n, hd = attention.active_heads, attention.head_dim
+        n, hd = attention.num_heads, attention.head_dim
         width = n * hd
         # Stored heads / neurons, and the prefix of them that runs (instant switching: a view).
-        self.stored_heads, self.n_heads, self.head_dim, self.scaling = n, n, hd, attention.scaling
+        self.stored_heads, self.n_heads, self.head_dim, self.scaling = n, attention.active_heads, hd, attention.scaling
         q, k, v = (getattr(attention, name) for name in ("query", "key", "value"))
         d = q.weight.shape[1]
-        # (n, 3, hd, d) -> rows [q_h; k_h; v_h] per head h.
-        weight = torch.stack([t.weight[:width].reshape(n, hd, d) for t in (q, k, v)], dim=1)
-        bias = torch.stack([t.bias[:width].reshape(n, hd) for t in (q, k, v)], dim=1)
-        _keep(self, "qkv_weight", weight.reshape(3 * width, d).detach().clone())
-        _keep(self, "qkv_bias", bias.reshape(3 * width).detach().clone())
+        # (n, 3, hd, d) -> rows [q_h; k_h; v_h] per head h (stack copies once).
+        weight = torch.stack([t.weight.detach().reshape(n, hd, d) for t in (q, k, v)], dim=1)
+        bias = torch.stack([t.bias.detach().reshape(n, hd) for t in (q, k, v)], dim=1)
+        _keep(self, "qkv_weight", weight.reshape(3 * width, d))
+        _keep(self, "qkv_bias", bias.reshape(3 * width))
         out = layer.attention.output
-        _keep(self, "out_weight_t", out.dense.weight[:, :width].t().detach().contiguous())
-        _keep(self, "out_bias", out.dense.bias.detach().clone())
-        _keep(self, "ln_attn_weight", out.LayerNorm.weight.detach().clone())
-        _keep(self, "ln_attn_bias", out.LayerNorm.bias.detach().clone())
+        _keep(self, "out_weight_t", out.dense.weight.detach().t().contiguous())  # (width, d)
+        _keep(self, "out_bias", out.dense.bias.detach())
+        _keep(self, "ln_attn_weight", out.LayerNorm.weight.detach())
+        _keep(self, "ln_attn_bias", out.LayerNorm.bias.detach())
         self.ln_attn_eps = out.LayerNorm.eps
         inter = layer.intermediate
-        ffn_width = getattr(inter, "active_width", inter.dense.out_features)
-        self.stored_width = self.ffn_width = ffn_width
+        self.stored_width = inter.dense.out_features
+        self.ffn_width = getattr(inter, "active_width", self.stored_width)
         self.activation = activation
-        _keep(self, "fc1_weight", inter.dense.weight[:ffn_width].detach().clone())
-        _keep(self, "fc1_bias", inter.dense.bias[:ffn_width].detach().clone())
+        _keep(self, "fc1_weight", inter.dense.weight.detach())
+        _keep(self, "fc1_bias", inter.dense.bias.detach())
         ffn_out = layer.output
-        _keep(self, "fc2_weight_t", ffn_out.dense.weight[:, :ffn_width].t().detach().contiguous())
-        _keep(self, "fc2_bias", ffn_out.dense.bias.detach().clone())
-        _keep(self, "ln_ffn_weight", ffn_out.LayerNorm.weight.detach().clone())
-        _keep(self, "ln_ffn_bias", ffn_out.LayerNorm.bias.detach().clone())
+        _keep(self, "fc2_weight_t", ffn_out.dense.weight.detach().t().contiguous())  # (stored_width, d)
+        _keep(self, "fc2_bias", ffn_out.dense.bias.detach())
+        _keep(self, "ln_ffn_weight", ffn_out.LayerNorm.weight.detach())
+        _keep(self, "ln_ffn_bias", ffn_out.LayerNorm.bias.detach())
         self.ln_ffn_eps = ffn_out.LayerNorm.eps
 
     def set_active(self, heads: int, ffn_width: int) -> None:
@@ -132,13 +151,21 @@ class _CompactLayer(nn.Module):
         return F.layer_norm(y + x, (d,), self.ln_ffn_weight, self.ln_ffn_bias, self.ln_ffn_eps)
 
 
+def _needs_mask(attention_mask: torch.Tensor) -> bool:
+    """True unless every token is real. While compiling or capturing a CUDA graph the check (a
+    host sync) is skipped and the mask always built, as transformers does."""
+    if torch.compiler.is_compiling() or (attention_mask.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return True
+    return not bool(attention_mask.all())
+
+
 class CompactBert(nn.Module):
     """The logits of a BERT classifier's current layout (pruned heads/neurons, active prefixes),
     computed by one flat loop of kernels. Called like our models: ``(input_ids, attention_mask,
     token_type_ids) -> (batch, n_classes)``.
 
-    Equal to ``model(ids, mask, token_type_ids)`` without gates up to float rounding (the
-    Q/K/V GEMM is fused, so sums run in another order).
+    Equal to ``model(ids, mask, token_type_ids)`` without gates up to float rounding. Inference
+    only: no dropout, no gates, no routing.
     """
 
     def __init__(self, model: GatedBertClassifier) -> None:
@@ -148,30 +175,36 @@ class CompactBert(nn.Module):
             raise ValueError(f"no compact inference copy for this model: {reason}")
         base = base_model(model.hf)
         embeddings = base.embeddings
-        _keep(self, "word_embeddings", embeddings.word_embeddings.weight.detach().clone())
-        _keep(self, "position_embeddings", embeddings.position_embeddings.weight.detach().clone())
-        _keep(self, "token_type_embeddings", embeddings.token_type_embeddings.weight.detach().clone())
-        _keep(self, "ln_embeddings_weight", embeddings.LayerNorm.weight.detach().clone())
-        _keep(self, "ln_embeddings_bias", embeddings.LayerNorm.bias.detach().clone())
+        _keep(self, "word_embeddings", embeddings.word_embeddings.weight.detach())
+        _keep(self, "position_embeddings", embeddings.position_embeddings.weight.detach())
+        _keep(self, "token_type_embeddings", embeddings.token_type_embeddings.weight.detach())
+        _keep(self, "ln_embeddings_weight", embeddings.LayerNorm.weight.detach())
+        _keep(self, "ln_embeddings_bias", embeddings.LayerNorm.bias.detach())
         self.ln_embeddings_eps = embeddings.LayerNorm.eps
         self.layers = nn.ModuleList(
             _CompactLayer(layer, attention, layer.intermediate.intermediate_act_fn)
             for layer, attention in zip(encoder_layers(model.hf), model.attentions)
         )
-        _keep(self, "pooler_weight", base.pooler.dense.weight.detach().clone())
-        _keep(self, "pooler_bias", base.pooler.dense.bias.detach().clone())
-        _keep(self, "classifier_weight", model.hf.classifier.weight.detach().clone())
-        _keep(self, "classifier_bias", model.hf.classifier.bias.detach().clone())
+        _keep(self, "pooler_weight", base.pooler.dense.weight.detach())
+        _keep(self, "pooler_bias", base.pooler.dense.bias.detach())
+        _keep(self, "classifier_weight", model.hf.classifier.weight.detach())
+        _keep(self, "classifier_bias", model.hf.classifier.bias.detach())
         self.max_len = int(self.position_embeddings.shape[0])
+        self.signature = model_signature(model)
         self.eval()
 
+    def is_current(self, model: nn.Module) -> bool:
+        """True while ``model`` (the one copied) has the same parameters with the same values."""
+        return model_signature(model) == self.signature
+
     def set_active(self, heads: list[int], ffn_widths: list[int] | None = None) -> None:
-        """Run a prefix of each layer's stored heads (and FFN neurons; None: all of them), as
-        :meth:`GatedModel.set_active` does on the module tree: views, no copies."""
+        """Run a prefix of each layer's stored heads and FFN neurons (``ffn_widths`` None: the
+        widths stay as they are, as :meth:`GatedModel.set_active` does with group counts): views,
+        no copies."""
         if len(heads) != len(self.layers) or (ffn_widths is not None and len(ffn_widths) != len(self.layers)):
             raise ValueError(f"need one head count (and FFN width) per layer ({len(self.layers)}), got {heads} / {ffn_widths}")
         for index, layer in enumerate(self.layers):
-            layer.set_active(heads[index], layer.stored_width if ffn_widths is None else ffn_widths[index])
+            layer.set_active(heads[index], layer.ffn_width if ffn_widths is None else ffn_widths[index])
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None
@@ -185,8 +218,8 @@ class CompactBert(nn.Module):
         x = F.embedding(input_ids, self.word_embeddings) + segments + self.position_embeddings[:seq]
         x = F.layer_norm(x, (d,), self.ln_embeddings_weight, self.ln_embeddings_bias, self.ln_embeddings_eps).reshape(batch * seq, d)
         mask = None  # SDPA runs its unmasked kernel when nothing is padded, as transformers does
-        if attention_mask is not None and not bool(attention_mask.all()):
-            mask = attention_mask.bool().view(batch, 1, 1, seq)
+        if attention_mask is not None and _needs_mask(attention_mask):
+            mask = attention_mask.to(device=input_ids.device, dtype=torch.bool).reshape(batch, 1, 1, seq)
         for layer in self.layers:
             x = layer(x, batch, seq, mask)
         first = x.view(batch, seq, d)[:, 0]

@@ -457,8 +457,9 @@ class GatedModel(nn.Module):
         Called as ``module(input_ids, attention_mask)``; logits equal ``self(ids, mask)`` up to
         float rounding. Inference only: it neither gates nor routes, and it is a snapshot (later
         surgery or ``set_active`` on ``self`` does not reach it). A lean copy (not ``self``) has
-        its own ``set_active(head_counts, ffn_widths)`` (FFN widths in neurons; None: all), which
-        :class:`~budgeted_attention.pruning.switching.SlicedModel` switches with the model.
+        its own ``set_active(head_counts, ffn_widths)`` (FFN widths in neurons; None: unchanged)
+        and ``is_current(model)`` (False once the model's parameters or their values changed),
+        with which :class:`~budgeted_attention.pruning.switching.SlicedModel` keeps it in step.
         """
         return self
 

@@ -34,6 +34,7 @@ class SlicedModel(nn.Module):
         self.model = sort_heads(model, ranking)
         copy = self.model.inference_module() if lean else self.model
         self.lean: nn.Module | None = None if copy is self.model else copy
+        self._lean_counts = (self.model.active_heads(), self.model.active_ffn_widths())
         self.ranking = ranking
         self._counts_cache: dict[float, tuple[list[int], list[int] | None]] = {}
         self.budget = 1.0
@@ -52,8 +53,6 @@ class SlicedModel(nn.Module):
         """Switch to ``budget``: only per-layer head (and FFN group) counts change; no weights are copied."""
         heads, groups = self.counts_for(budget)
         self.model.set_active(heads, groups)
-        if self.lean is not None:
-            self.lean.set_active(heads, None if groups is None else [g * self.model.group_size for g in groups])
         self.budget = float(budget)
 
     def forward(
@@ -69,7 +68,26 @@ class SlicedModel(nn.Module):
         ``budget``: soft gates g(b) on top of the active heads, re-indexed to the sorted layout
         (rarely wanted when serving; the hard selection alone is the pruned model).
         """
-        # The wrapped model's mode decides (a new SlicedModel is in training mode whatever it wraps).
-        if budget is None and self.lean is not None and not self.model.training and not torch.is_grad_enabled():
-            return self.lean(input_ids, attention_mask, token_type_ids)
+        lean = None if budget is not None else self._current_lean()
+        if lean is not None:
+            return lean(input_ids, attention_mask, token_type_ids)
         return self.model(input_ids, attention_mask, token_type_ids, budget=budget)
+
+    def _current_lean(self) -> nn.Module | None:
+        """The lean copy, in step with the model, when it may serve; None when the module tree runs.
+
+        The wrapped model's mode decides (a new SlicedModel is in training mode whatever it wraps);
+        so does autograd. A copy whose model has since changed (surgery, training steps,
+        ``load_state_dict``) is rebuilt, and its active prefixes follow the model's, however they
+        were set (``set_budget`` or ``self.model.set_active``): a few microseconds per call.
+        """
+        if self.lean is None or self.model.training or torch.is_grad_enabled():
+            return None
+        if not self.lean.is_current(self.model):
+            self.lean = self.model.inference_module()
+            self._lean_counts = (self.model.active_heads(), self.model.active_ffn_widths())
+        counts = (self.model.active_heads(), self.model.active_ffn_widths())
+        if counts != self._lean_counts:
+            self.lean.set_active(*counts)
+            self._lean_counts = counts
+        return self.lean

@@ -277,8 +277,9 @@ def bench_table(result: dict[str, Any]) -> str:
         if setting.get("sliced"):
             lines += ["", f"Sliced layout: runs the {setting['sliced']}."]
     if setting.get("lean"):
-        lines += ["", f"Lean: {setting['lean']}; lean speedup = the lean dense copy's latency over the lean pruned copy's; "
-                  "lean vs transformers = the unmodified transformers model's latency over the lean pruned copy's."]
+        lines += ["", f"Lean: {setting['lean']}; lean speedup = the lean dense copy's latency over the lean pruned copy's "
+                  "(like for like); lean vs transformers = the unmodified transformers model's latency over the lean pruned copy's "
+                  "(the runtime's gain included)."]
     if setting.get("onnx"):
         lines += ["", f"ORT: {setting['onnx']}; ORT speedup = the dense graph's latency over the pruned graph's."]
     timing = [str(setting[k]) for k in ("timer",) if setting.get(k)]
