@@ -30,8 +30,8 @@ Weights: the fused Q/K/V weights and the two transposed weights are copies; ever
 (embeddings, LayerNorms, biases, the first FFN weight) is shared with the model. Heads and FFN
 neurons run as prefixes of the stored ones (:meth:`CompactBert.set_active`), so one copy of a
 sorted layout serves every budget, as :class:`~budgeted_attention.pruning.switching.SlicedModel`
-does with it. The copy is a snapshot: :meth:`CompactBert.is_current` says whether the model's
-parameters (or their values) have changed since.
+does with it. The copy is a snapshot: :meth:`CompactBert.is_current` says whether the model has
+had surgery or a parameter written in place since.
 
 Supported: transformers' ``bert`` model type used as an encoder (BERT, BERT-Mini/Tiny,
 all-MiniLM). Other families (RoBERTa's padding-offset positions, ELECTRA's embedding projection
@@ -68,12 +68,6 @@ def compact_unsupported(model: GatedBertClassifier) -> str | None:
     if model.router is not None:
         return "a per-input router is attached (routing runs through the module tree)"
     return None
-
-
-def model_signature(model: nn.Module) -> tuple[tuple[int, int], ...]:
-    """(identity, in-place version) of every parameter: changes when surgery replaces a parameter
-    and when its values are written in place (optimiser steps, ``load_state_dict``)."""
-    return tuple((id(p), p._version) for p in model.parameters())
 
 
 def _keep(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
@@ -190,12 +184,21 @@ class CompactBert(nn.Module):
         _keep(self, "classifier_weight", model.hf.classifier.weight.detach())
         _keep(self, "classifier_bias", model.hf.classifier.bias.detach())
         self.max_len = int(self.position_embeddings.shape[0])
-        self.signature = model_signature(model)
+        # What is_current compares: the model's surgery count and its parameters' in-place
+        # versions (a plain list, not registered: the parameters belong to the model).
+        self._layout_version = model.layout_version
+        self._parameters_seen = list(model.parameters())
+        self._versions = self._parameter_versions()
         self.eval()
 
-    def is_current(self, model: nn.Module) -> bool:
-        """True while ``model`` (the one copied) has the same parameters with the same values."""
-        return model_signature(model) == self.signature
+    def _parameter_versions(self) -> tuple[int, ...]:
+        return tuple(p._version for p in self._parameters_seen)
+
+    def is_current(self, model: GatedBertClassifier) -> bool:
+        """True while ``model`` (the one copied) has had no surgery (``keep_units``,
+        ``sort_ffn_neurons``) and no parameter written in place (optimiser steps,
+        ``load_state_dict``) since; a few microseconds."""
+        return model.layout_version == self._layout_version and self._parameter_versions() == self._versions
 
     def set_active(self, heads: list[int], ffn_widths: list[int] | None = None) -> None:
         """Run a prefix of each layer's stored heads and FFN neurons (``ffn_widths`` None: the

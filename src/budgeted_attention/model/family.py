@@ -87,6 +87,9 @@ class GatedModel(nn.Module):
         self.gates = BudgetGates(n_layers, n_heads)
         self.head_ids = validate_head_ids(head_ids, n_layers, n_heads) if head_ids else identity_head_ids(n_layers, n_heads)
         self._active = [len(h) for h in self.head_ids]
+        # Counts the surgeries (keep_units, sort_ffn_neurons): copies made from the weights
+        # (lean inference copies) compare it to know they are out of date.
+        self.layout_version = 0
         self._gate_index: list[torch.Tensor] | None = None
         self._position_of: list[dict[int, int]] | None = None  # per layer, head id -> physical position
         self.group_size = int(group_size)
@@ -352,6 +355,7 @@ class GatedModel(nn.Module):
             self.group_ids = [[int(g) for g in layer] for layer in groups]  # type: ignore[union-attr]
             self._active_groups = [len(g) for g in self.group_ids]
         self._gate_index = self._position_of = None
+        self.layout_version += 1
         self._after_surgery()
 
     def keep_heads(self, kept: list[list[int]]) -> None:
@@ -406,6 +410,7 @@ class GatedModel(nn.Module):
             if sorted(int(i) for i in order) != list(range(width)):
                 raise ValueError(f"neuron order of layer {layer} must be a permutation of range({width})")
         self._permute_ffn([[int(i) for i in order] for order in orders])
+        self.layout_version += 1
 
     # ------------------------------------------------------------------ family hooks
 
@@ -458,7 +463,7 @@ class GatedModel(nn.Module):
         float rounding. Inference only: it neither gates nor routes, and it is a snapshot (later
         surgery or ``set_active`` on ``self`` does not reach it). A lean copy (not ``self``) has
         its own ``set_active(head_counts, ffn_widths)`` (FFN widths in neurons; None: unchanged)
-        and ``is_current(model)`` (False once the model's parameters or their values changed),
+        and ``is_current(model)`` (False once the model had surgery or a parameter written in place),
         with which :class:`~budgeted_attention.pruning.switching.SlicedModel` keeps it in step.
         """
         return self
