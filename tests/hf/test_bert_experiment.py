@@ -81,6 +81,7 @@ bench: {{rounds: 1, min_run_time: 0.005}}
 
     engine = Engine(out, ServeConfig(budgets=[0.5, 1.0], min_budget=0.5, warmup_batches=0, calibration_batch_sizes=[1]))
     assert isinstance(engine.sliced.lean, CompactBert)
+    assert engine.runtime == "lean copy (CompactBert)" and engine.describe()["runtime"] == engine.runtime
     ids = engine.tokenize(["the minister won the election", "shares of the bank fell"])
     for budget in (0.5, 1.0):
         with patch.object(CompactBert, "forward", autospec=True, side_effect=CompactBert.forward) as spy:

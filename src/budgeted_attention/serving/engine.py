@@ -148,6 +148,7 @@ class EngineInfo:
     labels: list[str]
     val_accuracy: dict[float, float]
     costs: dict[float, float]
+    runtime: str  # what runs the model: the module tree, a lean copy, or ONNX Runtime
     tokenizer: Tokenizer
     pad_id: int
     in_child = False  # the model runs in a child process (RemoteEngine)
@@ -184,6 +185,7 @@ class EngineInfo:
         return {
             "checkpoint": str(self.checkpoint), "seed": self.seed, "family": self.family, "max_len": self.max_len,
             "n_classes": self.n_classes, "labels": self.labels, "val_accuracy": self.val_accuracy, "costs": self.costs,
+            "runtime": self.runtime,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -194,6 +196,7 @@ class EngineInfo:
             "family": self.family,
             "seed": self.seed,
             "backend": self.cfg.backend,
+            "runtime": self.runtime,
             "engine_process": self.in_child,
             "engine_cpus": self.cfg.engine_cpus,
             "budgets": self.cfg.budgets,
@@ -231,8 +234,11 @@ class Engine(EngineInfo):
         self.sessions: dict[float, Any] = {}
         if cfg.backend == "torch":
             self.sliced = SlicedModel(model, self.ranking).eval()
+            lean = self.sliced.lean
+            self.runtime = "module tree" if lean is None else f"lean copy ({type(lean).__name__})"
         else:
             self._load_onnx(Path(onnx_dir) if onnx_dir else self.run_dir / "onnx")
+            self.runtime = "onnxruntime"
 
     # ------------------------------------------------------------------ loading
 

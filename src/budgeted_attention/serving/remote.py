@@ -110,6 +110,7 @@ class RemoteEngine(EngineInfo):
         self.labels = list(payload["labels"])
         self.val_accuracy = {float(b): float(a) for b, a in payload["val_accuracy"].items()}
         self.costs = {float(b): float(c) for b, c in payload["costs"].items()}
+        self.runtime = str(payload["runtime"])
         self.tokenizer, self.pad_id = load_tokenizer(self.folder(), self.max_len)
 
     in_child = True
