@@ -40,7 +40,7 @@ def test_health_ready_and_info(client, tiny_run):
     assert client.get("/healthz").json() == {"status": "ok"}
     info = client.get("/v1/info").json()
     assert info["budgets"] == [0.25, 0.5, 1.0]
-    assert info["runtime"] == "module tree"  # our encoder has no lean copy: it is lean already
+    assert info["runtime"] == "lean copy (CompactEncoder)"
     assert info["labels"] == json.loads((tiny_run / "labels.json").read_text())["class_names"]
     assert set(info["latency_model"]["table_ms"]) == {"0.25", "0.5", "1.0"}
     assert set(info["validation_accuracy"]) == {"0.25", "0.5", "1.0"}  # from results.json, never test

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgeted_attention.model.transformer import EncoderClassifier
+from budgeted_attention.model.transformer import EncoderClassifier, pool_states
 
 
 class _PlainAttention(nn.Module):
@@ -192,12 +192,7 @@ class PlainEncoder(nn.Module):
 
     def _pool(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """(batch, seq, d) -> (batch, d): first position, or the mean over real tokens."""
-        if self.pooling == "cls":
-            return x[:, 0]
-        if attention_mask is None:
-            return x.mean(dim=1)
-        weights = attention_mask.to(x.dtype).unsqueeze(-1)
-        return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+        return pool_states(x, attention_mask, self.pooling)
 
 
 class PlainDecoder(nn.Module):

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from budgeted_attention.hf.architectures import base_model, encoder_layers, model_type
+from budgeted_attention.model.lean import LeanCopy, LeanLayer, keep, needs_mask
 
 if TYPE_CHECKING:
     from budgeted_attention.hf.bert import GatedBertClassifier
@@ -70,13 +71,7 @@ def compact_unsupported(model: GatedBertClassifier) -> str | None:
     return None
 
 
-def _keep(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
-    """A weight as a buffer (``.to()`` moves it), never saved: the model's weights are saved with
-    the model, so these stay out of every state dict."""
-    module.register_buffer(name, tensor, persistent=False)
-
-
-class _CompactLayer(nn.Module):
+class _CompactLayer(LeanLayer):
     """One encoder layer's weights in the compact layout."""
 
     def __init__(self, layer: nn.Module, attention: nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -90,70 +85,29 @@ class _CompactLayer(nn.Module):
         # (n, 3, hd, d) -> rows [q_h; k_h; v_h] per head h (stack copies once).
         weight = torch.stack([t.weight.detach().reshape(n, hd, d) for t in (q, k, v)], dim=1)
         bias = torch.stack([t.bias.detach().reshape(n, hd) for t in (q, k, v)], dim=1)
-        _keep(self, "qkv_weight", weight.reshape(3 * width, d))
-        _keep(self, "qkv_bias", bias.reshape(3 * width))
+        keep(self, "qkv_weight", weight.reshape(3 * width, d))
+        keep(self, "qkv_bias", bias.reshape(3 * width))
         out = layer.attention.output
-        _keep(self, "out_weight_t", out.dense.weight.detach().t().contiguous())  # (width, d)
-        _keep(self, "out_bias", out.dense.bias.detach())
-        _keep(self, "ln_attn_weight", out.LayerNorm.weight.detach())
-        _keep(self, "ln_attn_bias", out.LayerNorm.bias.detach())
+        keep(self, "out_weight_t", out.dense.weight.detach().t().contiguous())  # (width, d)
+        keep(self, "out_bias", out.dense.bias.detach())
+        keep(self, "ln_attn_weight", out.LayerNorm.weight.detach())
+        keep(self, "ln_attn_bias", out.LayerNorm.bias.detach())
         self.ln_attn_eps = out.LayerNorm.eps
         inter = layer.intermediate
-        self.stored_width = inter.dense.out_features
-        self.ffn_width = getattr(inter, "active_width", self.stored_width)
         self.activation = activation
-        _keep(self, "fc1_weight", inter.dense.weight.detach())
-        _keep(self, "fc1_bias", inter.dense.bias.detach())
-        ffn_out = layer.output
-        _keep(self, "fc2_weight_t", ffn_out.dense.weight.detach().t().contiguous())  # (stored_width, d)
-        _keep(self, "fc2_bias", ffn_out.dense.bias.detach())
-        _keep(self, "ln_ffn_weight", ffn_out.LayerNorm.weight.detach())
-        _keep(self, "ln_ffn_bias", ffn_out.LayerNorm.bias.detach())
-        self.ln_ffn_eps = ffn_out.LayerNorm.eps
-
-    def set_active(self, heads: int, ffn_width: int) -> None:
-        """Run the first ``heads`` stored heads and ``ffn_width`` stored FFN neurons."""
-        if not (0 <= heads <= self.stored_heads and 0 <= ffn_width <= self.stored_width):
-            raise ValueError(
-                f"active heads {heads} / FFN neurons {ffn_width} outside the stored {self.stored_heads} / {self.stored_width}"
-            )
-        self.n_heads, self.ffn_width = heads, ffn_width
+        self.keep_ffn(inter.dense, layer.output.dense, layer.output.LayerNorm, getattr(inter, "active_width", inter.dense.out_features))
 
     def forward(self, x: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None) -> torch.Tensor:
         """(batch * seq, d) -> (batch * seq, d); ``mask``: None or boolean (batch, 1, 1, seq)."""
         d = x.shape[1]
-        n, hd, width = self.n_heads, self.head_dim, self.ffn_width
-        if n:
-            qkv_weight, qkv_bias, out_weight_t = self.qkv_weight, self.qkv_bias, self.out_weight_t
-            if n != self.stored_heads:  # a prefix of heads: contiguous views in this layout
-                qkv_weight, qkv_bias, out_weight_t = qkv_weight[: 3 * n * hd], qkv_bias[: 3 * n * hd], out_weight_t[: n * hd]
-            qkv = torch.addmm(qkv_bias, x, qkv_weight.t())
-            q, k, v = qkv.view(batch, seq, n, 3, hd).permute(3, 0, 2, 1, 4).unbind(0)  # each (B, n, T, hd)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
-            y = torch.addmm(self.out_bias, y.transpose(1, 2).reshape(batch * seq, n * hd), out_weight_t)
-        else:  # no heads: the output projection adds its bias only
-            y = self.out_bias
+        # A sub-layer without heads (neurons) adds its output bias only.
+        y = self.attend(x, batch, seq, mask, self.scaling) if self.n_heads else self.out_bias
         x = F.layer_norm(y + x, (d,), self.ln_attn_weight, self.ln_attn_bias, self.ln_attn_eps)
-        if width:
-            fc1_weight, fc1_bias, fc2_weight_t = self.fc1_weight, self.fc1_bias, self.fc2_weight_t
-            if width != self.stored_width:
-                fc1_weight, fc1_bias, fc2_weight_t = fc1_weight[:width], fc1_bias[:width], fc2_weight_t[:width]
-            h = self.activation(torch.addmm(fc1_bias, x, fc1_weight.t()))
-            y = torch.addmm(self.fc2_bias, h, fc2_weight_t)
-        else:
-            y = self.fc2_bias
+        y = self.feed_forward(x, self.activation) if self.ffn_width else self.fc2_bias
         return F.layer_norm(y + x, (d,), self.ln_ffn_weight, self.ln_ffn_bias, self.ln_ffn_eps)
 
 
-def _needs_mask(attention_mask: torch.Tensor) -> bool:
-    """True unless every token is real. While compiling or capturing a CUDA graph the check (a
-    host sync) is skipped and the mask always built, as transformers does."""
-    if torch.compiler.is_compiling() or (attention_mask.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return True
-    return not bool(attention_mask.all())
-
-
-class CompactBert(nn.Module):
+class CompactBert(LeanCopy):
     """The logits of a BERT classifier's current layout (pruned heads/neurons, active prefixes),
     computed by one flat loop of kernels. Called like our models: ``(input_ids, attention_mask,
     token_type_ids) -> (batch, n_classes)``.
@@ -169,45 +123,23 @@ class CompactBert(nn.Module):
             raise ValueError(f"no compact inference copy for this model: {reason}")
         base = base_model(model.hf)
         embeddings = base.embeddings
-        _keep(self, "word_embeddings", embeddings.word_embeddings.weight.detach())
-        _keep(self, "position_embeddings", embeddings.position_embeddings.weight.detach())
-        _keep(self, "token_type_embeddings", embeddings.token_type_embeddings.weight.detach())
-        _keep(self, "ln_embeddings_weight", embeddings.LayerNorm.weight.detach())
-        _keep(self, "ln_embeddings_bias", embeddings.LayerNorm.bias.detach())
+        keep(self, "word_embeddings", embeddings.word_embeddings.weight.detach())
+        keep(self, "position_embeddings", embeddings.position_embeddings.weight.detach())
+        keep(self, "token_type_embeddings", embeddings.token_type_embeddings.weight.detach())
+        keep(self, "ln_embeddings_weight", embeddings.LayerNorm.weight.detach())
+        keep(self, "ln_embeddings_bias", embeddings.LayerNorm.bias.detach())
         self.ln_embeddings_eps = embeddings.LayerNorm.eps
         self.layers = nn.ModuleList(
             _CompactLayer(layer, attention, layer.intermediate.intermediate_act_fn)
             for layer, attention in zip(encoder_layers(model.hf), model.attentions)
         )
-        _keep(self, "pooler_weight", base.pooler.dense.weight.detach())
-        _keep(self, "pooler_bias", base.pooler.dense.bias.detach())
-        _keep(self, "classifier_weight", model.hf.classifier.weight.detach())
-        _keep(self, "classifier_bias", model.hf.classifier.bias.detach())
+        keep(self, "pooler_weight", base.pooler.dense.weight.detach())
+        keep(self, "pooler_bias", base.pooler.dense.bias.detach())
+        keep(self, "classifier_weight", model.hf.classifier.weight.detach())
+        keep(self, "classifier_bias", model.hf.classifier.bias.detach())
         self.max_len = int(self.position_embeddings.shape[0])
-        # What is_current compares: the model's surgery count and its parameters' in-place
-        # versions (a plain list, not registered: the parameters belong to the model).
-        self._layout_version = model.layout_version
-        self._parameters_seen = list(model.parameters())
-        self._versions = self._parameter_versions()
+        self.track(model)
         self.eval()
-
-    def _parameter_versions(self) -> tuple[int, ...]:
-        return tuple(p._version for p in self._parameters_seen)
-
-    def is_current(self, model: GatedBertClassifier) -> bool:
-        """True while ``model`` (the one copied) has had no surgery (``keep_units``,
-        ``sort_ffn_neurons``) and no parameter written in place (optimiser steps,
-        ``load_state_dict``) since; a few microseconds."""
-        return model.layout_version == self._layout_version and self._parameter_versions() == self._versions
-
-    def set_active(self, heads: list[int], ffn_widths: list[int] | None = None) -> None:
-        """Run a prefix of each layer's stored heads and FFN neurons (``ffn_widths`` None: the
-        widths stay as they are, as :meth:`GatedModel.set_active` does with group counts): views,
-        no copies."""
-        if len(heads) != len(self.layers) or (ffn_widths is not None and len(ffn_widths) != len(self.layers)):
-            raise ValueError(f"need one head count (and FFN width) per layer ({len(self.layers)}), got {heads} / {ffn_widths}")
-        for index, layer in enumerate(self.layers):
-            layer.set_active(heads[index], layer.ffn_width if ffn_widths is None else ffn_widths[index])
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None
@@ -221,7 +153,7 @@ class CompactBert(nn.Module):
         x = F.embedding(input_ids, self.word_embeddings) + segments + self.position_embeddings[:seq]
         x = F.layer_norm(x, (d,), self.ln_embeddings_weight, self.ln_embeddings_bias, self.ln_embeddings_eps).reshape(batch * seq, d)
         mask = None  # SDPA runs its unmasked kernel when nothing is padded, as transformers does
-        if attention_mask is not None and _needs_mask(attention_mask):
+        if attention_mask is not None and needs_mask(attention_mask):
             mask = attention_mask.to(device=input_ids.device, dtype=torch.bool).reshape(batch, 1, 1, seq)
         for layer in self.layers:
             x = layer(x, batch, seq, mask)

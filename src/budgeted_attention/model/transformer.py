@@ -33,6 +33,16 @@ def sinusoidal_positions(max_len: int, d_model: int, amplitude: float = 0.5) -> 
     return amplitude * table
 
 
+def pool_states(x: torch.Tensor, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
+    """(batch, seq, d) -> (batch, d): the first position (``cls``), or the mean over real tokens."""
+    if pooling == "cls":
+        return x[:, 0]
+    if attention_mask is None:
+        return x.mean(dim=1)
+    weights = attention_mask.to(x.dtype).unsqueeze(-1)
+    return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+
+
 class FeedForward(nn.Module):
     """fc2(GELU(fc1(x))) with optional gates over groups of ``group_size`` consecutive neurons.
 
@@ -304,12 +314,7 @@ class EncoderClassifier(BlockStack):
 
     def pool(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """(batch, seq, d) -> (batch, d)."""
-        if self.config.pooling == "cls":
-            return x[:, 0]
-        if attention_mask is None:
-            return x.mean(dim=1)
-        weights = attention_mask.to(x.dtype).unsqueeze(-1)
-        return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+        return pool_states(x, attention_mask, self.config.pooling)
 
     # ------------------------------------------------------------------ family hooks
 
@@ -317,3 +322,10 @@ class EncoderClassifier(BlockStack):
         from budgeted_attention.benchmark.reference import PlainEncoder  # noqa: PLC0415
 
         return PlainEncoder(self)
+
+    def inference_module(self) -> nn.Module:
+        """:class:`~budgeted_attention.model.compact.CompactEncoder` of the current layout where
+        supported (no router, QK-norm or residual gains), else ``self``."""
+        from budgeted_attention.model.compact import CompactEncoder, compact_unsupported  # noqa: PLC0415
+
+        return self if compact_unsupported(self) is not None else CompactEncoder(self)

@@ -1,0 +1,116 @@
+"""What every family's lean inference copy shares (see :meth:`GatedModel.inference_module`).
+
+A lean copy runs a model's current layout as one flat loop of kernels, without the module tree,
+gate code or per-call checks of the model it was made from; a family's copy (our encoder's
+:class:`~budgeted_attention.model.compact.CompactEncoder`, the BERT family's
+:class:`~budgeted_attention.hf.compact.CompactBert`) lays out its layers and writes the loop.
+This base holds the rest: weights as unsaved buffers, prefix switching of heads and FFN neurons,
+and knowing when the copy is out of date.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def keep(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """A weight as a buffer (``.to()`` moves it), never saved: the model's weights are saved with
+    the model, so these stay out of every state dict."""
+    module.register_buffer(name, tensor, persistent=False)
+
+
+class LeanLayer(nn.Module):
+    """One layer of a lean copy: ``stored_heads`` / ``stored_width`` present, the first ``n_heads``
+    heads and ``ffn_width`` FFN neurons run (prefix views of the stored weights). Attention
+    weights: ``qkv_weight`` (rows of head h are ``[q_h; k_h; v_h]``), ``qkv_bias``,
+    ``out_weight_t`` (transposed), ``out_bias``, stored by the family's layer."""
+
+    stored_heads: int
+    n_heads: int
+    head_dim: int
+    stored_width: int
+    ffn_width: int
+
+    def keep_ffn(self, fc1: nn.Linear, fc2: nn.Linear, norm: nn.LayerNorm, active_width: int) -> None:
+        """Store an FFN (``fc2``'s weight transposed, a copy: a prefix of neurons is then a
+        contiguous view) and its LayerNorm; the first ``active_width`` neurons run."""
+        self.stored_width, self.ffn_width = fc1.out_features, active_width
+        keep(self, "fc1_weight", fc1.weight.detach())
+        keep(self, "fc1_bias", fc1.bias.detach())
+        keep(self, "fc2_weight_t", fc2.weight.detach().t().contiguous())  # (stored_width, d)
+        keep(self, "fc2_bias", fc2.bias.detach())
+        keep(self, "ln_ffn_weight", norm.weight.detach())
+        keep(self, "ln_ffn_bias", norm.bias.detach())
+        self.ln_ffn_eps = norm.eps
+
+    def attend(self, h: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None, scale: float | None = None) -> torch.Tensor:
+        """Self-attention of the running heads (n_heads > 0) over (batch * seq, d) states: one
+        Q/K/V ``addmm``, SDPA, the output ``addmm`` with its bias; (batch * seq, d)."""
+        n, hd = self.n_heads, self.head_dim
+        qkv_weight, qkv_bias, out_weight_t = self.qkv_weight, self.qkv_bias, self.out_weight_t
+        if n != self.stored_heads:  # a prefix of heads: contiguous views in this layout
+            qkv_weight, qkv_bias, out_weight_t = qkv_weight[: 3 * n * hd], qkv_bias[: 3 * n * hd], out_weight_t[: n * hd]
+        q, k, v = torch.addmm(qkv_bias, h, qkv_weight.t()).view(batch, seq, n, 3, hd).permute(3, 0, 2, 1, 4).unbind(0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, n, T, hd)
+        return torch.addmm(self.out_bias, y.transpose(1, 2).reshape(batch * seq, n * hd), out_weight_t)
+
+    def feed_forward(self, h: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The running FFN neurons (ffn_width > 0) over (batch * seq, d) states, second bias
+        included; (batch * seq, d)."""
+        width = self.ffn_width
+        fc1_weight, fc1_bias, fc2_weight_t = self.fc1_weight, self.fc1_bias, self.fc2_weight_t
+        if width != self.stored_width:  # a prefix of neurons: contiguous views
+            fc1_weight, fc1_bias, fc2_weight_t = fc1_weight[:width], fc1_bias[:width], fc2_weight_t[:width]
+        return torch.addmm(self.fc2_bias, activation(torch.addmm(fc1_bias, h, fc1_weight.t())), fc2_weight_t)
+
+    def set_active(self, heads: int, ffn_width: int) -> None:
+        """Run the first ``heads`` stored heads and ``ffn_width`` stored FFN neurons."""
+        if not (0 <= heads <= self.stored_heads and 0 <= ffn_width <= self.stored_width):
+            raise ValueError(
+                f"active heads {heads} / FFN neurons {ffn_width} outside the stored {self.stored_heads} / {self.stored_width}"
+            )
+        self.n_heads, self.ffn_width = heads, ffn_width
+
+
+class LeanCopy(nn.Module):
+    """Base of the families' lean copies: ``self.layers`` (:class:`LeanLayer`) and the record of
+    the model they were made from (:meth:`track`)."""
+
+    layers: nn.ModuleList
+
+    def track(self, model: nn.Module) -> None:
+        """Remember ``model``'s surgery count and its parameters' in-place versions, which
+        :meth:`is_current` compares (a plain list, not registered: the parameters are the model's)."""
+        self._layout_version = model.layout_version
+        self._parameters_seen = list(model.parameters())
+        self._versions = self._parameter_versions()
+
+    def _parameter_versions(self) -> tuple[int, ...]:
+        return tuple(p._version for p in self._parameters_seen)
+
+    def is_current(self, model: nn.Module) -> bool:
+        """True while ``model`` (the one copied) has had no surgery (``keep_units``,
+        ``sort_ffn_neurons``) and no parameter written in place (optimiser steps,
+        ``load_state_dict``) since; a few microseconds."""
+        return model.layout_version == self._layout_version and self._parameter_versions() == self._versions
+
+    def set_active(self, heads: list[int], ffn_widths: list[int] | None = None) -> None:
+        """Run a prefix of each layer's stored heads and FFN neurons (``ffn_widths`` None: the
+        widths stay as they are, as :meth:`GatedModel.set_active` does with group counts): views,
+        no copies."""
+        if len(heads) != len(self.layers) or (ffn_widths is not None and len(ffn_widths) != len(self.layers)):
+            raise ValueError(f"need one head count (and FFN width) per layer ({len(self.layers)}), got {heads} / {ffn_widths}")
+        for index, layer in enumerate(self.layers):
+            layer.set_active(heads[index], layer.ffn_width if ffn_widths is None else ffn_widths[index])
+
+
+def needs_mask(attention_mask: torch.Tensor) -> bool:
+    """True unless every token is real. While compiling or capturing a CUDA graph the check (a
+    host sync) is skipped and the mask always built, as transformers does."""
+    if torch.compiler.is_compiling() or (attention_mask.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return True
+    return not bool(attention_mask.all())

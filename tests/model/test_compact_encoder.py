@@ -1,0 +1,104 @@
+"""CompactEncoder: the lean inference copy of our encoder computes the model's logits."""
+
+from unittest.mock import patch
+
+import pytest
+import torch
+
+from budgeted_attention.model.compact import CompactEncoder, compact_unsupported
+from budgeted_attention.model.router import RouterConfig
+from budgeted_attention.model.transformer import EncoderClassifier
+from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.pruning.switching import SlicedModel
+from conftest import tiny_config
+
+
+def _encoder(**overrides):
+    torch.manual_seed(0)
+    model = EncoderClassifier(tiny_config(**overrides))
+    with torch.no_grad():  # non-zero output biases: an empty sub-layer's constant is exercised
+        for block in model.blocks:
+            block.attn.out_bias.normal_(std=0.1)
+            if block.has_ffn:
+                block.ffn.fc2.bias.normal_(std=0.1)
+    return model.eval()
+
+
+def _inputs():
+    ids = torch.randint(0, 29, (4, 11), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, 6:] = 0
+    mask[2, 3:] = 0
+    return ids, mask
+
+
+def _assert_same(model, compact):
+    ids, mask = _inputs()
+    with torch.no_grad():
+        for attention_mask in (None, mask):
+            assert torch.allclose(compact(ids, attention_mask), model(ids, attention_mask), atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_compact_copy_equals_the_pruned_encoder_with_empty_sub_layers(pooling):
+    model = _encoder(pooling=pooling, ffn_group_size=12)
+    with torch.no_grad():
+        model.keep_units([[0, 2, 3], [], [1]], [[1], [0, 1, 2, 3], []])
+    compact = model.inference_module()
+    assert isinstance(compact, CompactEncoder)
+    assert [layer.n_heads for layer in compact.layers] == [3, 0, 1] and [layer.ffn_width for layer in compact.layers] == [12, 48, 0]
+    _assert_same(model, compact)
+    ids, mask = _inputs()
+    with torch.no_grad():  # surgery changed the logits: the comparison above is not vacuous
+        assert not torch.allclose(_encoder(pooling=pooling, ffn_group_size=12).inference_module()(ids, mask), compact(ids, mask), atol=1e-4)
+
+
+def test_compact_copy_follows_active_prefixes_and_models_without_ffn():
+    model = _encoder(ffn_group_size=12)
+    model.set_active([2, 4, 0], [1, 4, 0])
+    _assert_same(model, model.inference_module())
+    attention_only = _encoder(d_ff=0)
+    _assert_same(attention_only, attention_only.inference_module())
+
+
+def test_compact_copy_shares_weights_and_knows_when_it_is_stale():
+    model = _encoder()
+    compact = model.inference_module()
+    assert compact.layers[0].qkv_weight.data_ptr() == model.blocks[0].attn.qkv_weight.data_ptr()
+    assert not list(compact.state_dict()) and compact.is_current(model)
+    with torch.no_grad():
+        model.classifier.bias.add_(1.0)
+    assert not compact.is_current(model)
+
+
+def test_sliced_encoder_serves_through_the_lean_copy():
+    model = _encoder()
+    ranking = HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(2)))
+    sliced = SlicedModel(model, ranking)
+    assert isinstance(sliced.lean, CompactEncoder)
+    ids, mask = _inputs()
+    with torch.no_grad():
+        for budget in (0.25, 0.5, 1.0):
+            sliced.set_budget(budget)
+            with patch.object(CompactEncoder, "forward", autospec=True, side_effect=CompactEncoder.forward) as spy:
+                lean = sliced(ids, mask)
+            assert spy.call_count == 1
+            assert torch.allclose(lean, sliced.model(ids, mask), atol=1e-5)
+
+
+def test_options_without_a_lean_copy_run_the_module_tree():
+    for model, what in ((_encoder(qk_norm=True), "qk_norm"), (_encoder(residual_gate=True), "residual_gate")):
+        assert what in compact_unsupported(model) and model.inference_module() is model
+    routed = _encoder()
+    routed.attach_router(RouterConfig())
+    assert "router" in compact_unsupported(routed) and routed.inference_module() is routed
+    with pytest.raises(ValueError, match="no compact inference copy for this model: a per-input router"):
+        CompactEncoder(routed)
+
+
+def test_segment_ids_and_too_long_inputs_are_refused_as_by_the_model():
+    compact = _encoder().inference_module()
+    with pytest.raises(ValueError, match="token_type_ids must be None or all zeros"):
+        compact(torch.zeros(1, 4, dtype=torch.long), None, torch.ones(1, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="sequence length 17 exceeds model max_len 16"):
+        compact(torch.zeros(1, 17, dtype=torch.long))
