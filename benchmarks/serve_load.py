@@ -385,11 +385,12 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     began = time.time()
+    environment = environment_info()  # the code the servers start with, not the tree at the end
     result = asyncio.run(run(args))
     result["wall_time_s"] = time.time() - began
     write_json_atomic(out / "serve_load.json", result)
     write_json_atomic(out / "results.json", {"rows": [], "wall_time_s": result["wall_time_s"], "kind": "serve_load"})
-    write_json_atomic(out / "run_info.json", {"seeds": [args.seed], "environment": environment_info(),
+    write_json_atomic(out / "run_info.json", {"seeds": [args.seed], "environment": environment,
                                               "invocations": [{"command": ["python", *sys.argv], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(began))}]})
     write_text_atomic(out / "results.md", "# serve load test\n\n" + serve_load_markdown(result))
     plot(result, out / "slo.png")

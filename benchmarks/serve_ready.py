@@ -74,12 +74,13 @@ def main() -> None:
         parser.error(f"--starts must be at least 1, got {args.starts}")
     command = [sys.executable, "-m", "budgeted_attention.cli", "serve", args.run_dir, "--port", str(args.port), "--log-level", "warning",
                *[item for s in args.set for item in ("--set", s)]]
+    environment = environment_info()  # the code the servers start with, not the tree at the end
     seconds = [one_start(command, args.port, args.limit_s) for _ in range(args.starts)]
     result = {"server_command": " ".join(["baa", *command[3:]]), "ready_seconds": seconds}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "ready.json", result)
-    write_json_atomic(out / "run_info.json", {"environment": environment_info(), "invocations": [{"command": ["python", *sys.argv]}]})
+    write_json_atomic(out / "run_info.json", {"environment": environment, "invocations": [{"command": ["python", *sys.argv]}]})
     write_text_atomic(out / "results.md", "# baa serve: start to ready\n\n" + markdown(result))
     print(json.dumps(result))
     print(markdown(result))
