@@ -102,3 +102,48 @@ def test_segment_ids_and_too_long_inputs_are_refused_as_by_the_model():
         compact(torch.zeros(1, 4, dtype=torch.long), None, torch.ones(1, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="sequence length 17 exceeds model max_len 16"):
         compact(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_sliced_encoder_switches_sorted_ffn_groups_through_the_lean_copy():
+    from budgeted_attention.model.gates import UnitGates  # noqa: PLC0415
+    from budgeted_attention.pruning.selection import UnitRanking  # noqa: PLC0415
+
+    model = _encoder(ffn_group_size=12)
+    generator = torch.Generator().manual_seed(3)
+    scores = UnitGates(torch.rand(3, 4, generator=generator), torch.rand(3, 4, generator=generator))
+    ranking = UnitRanking.from_scores(scores, head_cost=3.0, group_cost=2.0, min_one_per_layer=False)
+    sliced = SlicedModel(model, ranking)
+    ids, mask = _inputs()
+    with torch.no_grad():
+        for budget in (0.2, 0.5, 0.8):
+            sliced.set_budget(budget)
+            kept = ranking.kept(budget)
+            assert torch.allclose(sliced(ids, mask), model.pruned_copy(kept.heads, kept.groups)(ids, mask), atol=1e-5)
+            assert [layer.ffn_width for layer in sliced.lean.layers] == [12 * g for g in kept.groups_per_layer]
+
+
+def test_sliced_encoder_rebuilds_its_copy_when_a_parameter_is_replaced_or_converted():
+    model = _encoder()
+    sliced = SlicedModel(model, HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(2))))
+    ids, mask = _inputs()
+    with torch.no_grad():
+        sliced(ids, mask)
+        first = sliced.lean
+        sliced.model.classifier.weight = torch.nn.Parameter(torch.randn_like(sliced.model.classifier.weight))
+        assert torch.allclose(sliced(ids, mask), sliced.model(ids, mask), atol=1e-5) and sliced.lean is not first
+        sliced.model.double()
+        assert sliced(ids, mask).dtype == torch.float64
+        sliced.model.float()
+        sliced.model.attach_router(RouterConfig())  # a router attached since: the module tree routes
+        with patch.object(CompactEncoder, "forward", side_effect=AssertionError("lean copy used")):
+            sliced(ids, mask)
+
+
+def test_models_made_under_inference_mode_and_decoders_have_no_lean_copy():
+    from budgeted_attention.model.decoder import CausalLM, DecoderConfig  # noqa: PLC0415
+
+    with torch.inference_mode():
+        frozen = EncoderClassifier(tiny_config()).eval()
+    assert "inference tensors" in compact_unsupported(frozen) and frozen.inference_module() is frozen
+    decoder = CausalLM(DecoderConfig(vocab_size=31, max_len=16, d_model=32, n_layers=2, n_heads=4, d_ff=48))
+    assert decoder.inference_module() is decoder

@@ -31,7 +31,7 @@ Weights: the fused Q/K/V weights and the two transposed weights are copies; ever
 neurons run as prefixes of the stored ones (:meth:`CompactBert.set_active`), so one copy of a
 sorted layout serves every budget, as :class:`~budgeted_attention.pruning.switching.SlicedModel`
 does with it. The copy is a snapshot: :meth:`CompactBert.is_current` says whether the model has
-had surgery or a parameter written in place since.
+had surgery, or a parameter replaced, moved, converted or written in place since.
 
 Supported: transformers' ``bert`` model type used as an encoder (BERT, BERT-Mini/Tiny,
 all-MiniLM). Other families (RoBERTa's padding-offset positions, ELECTRA's embedding projection
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from budgeted_attention.hf.architectures import base_model, encoder_layers, model_type
-from budgeted_attention.model.lean import LeanCopy, LeanLayer, keep, needs_mask
+from budgeted_attention.model.lean import LeanCopy, LeanLayer, keep, needs_mask, untrackable
 
 if TYPE_CHECKING:
     from budgeted_attention.hf.bert import GatedBertClassifier
@@ -68,7 +68,7 @@ def compact_unsupported(model: GatedBertClassifier) -> str | None:
         return "no pooler"
     if model.router is not None:
         return "a per-input router is attached (routing runs through the module tree)"
-    return None
+    return untrackable(model)
 
 
 class _CompactLayer(LeanLayer):

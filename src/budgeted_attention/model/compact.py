@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgeted_attention.model.lean import LeanCopy, LeanLayer, keep, needs_mask
+from budgeted_attention.model.lean import LeanCopy, LeanLayer, keep, needs_mask, untrackable
 from budgeted_attention.model.transformer import pool_states
 
 if TYPE_CHECKING:
@@ -39,11 +39,13 @@ if TYPE_CHECKING:
 def compact_unsupported(model: EncoderClassifier) -> str | None:
     """Why ``model`` has no :class:`CompactEncoder` copy (None when it can have one)."""
     cfg = model.config
+    if cfg.attention != "softmax" or cfg.positions != "learned" or any(block.attn.causal for block in model.blocks):
+        return "not the bidirectional softmax encoder with learned positions"
     if model.router is not None:
         return "a per-input router is attached (routing runs through the module tree)"
     if cfg.qk_norm or cfg.residual_gate:
         return "qk_norm / residual_gate (only the plain pre-LN block has a lean copy)"
-    return None
+    return untrackable(model)
 
 
 class _CompactBlock(LeanLayer):

@@ -77,11 +77,11 @@ class SlicedModel(nn.Module):
         """The lean copy, in step with the model, when it may serve; None when the module tree runs.
 
         The wrapped model's mode decides (a new SlicedModel is in training mode whatever it wraps);
-        so does autograd. A copy whose model has since changed (surgery, training steps,
-        ``load_state_dict``) is rebuilt, and its active prefixes follow the model's, however they
+        so do autograd and a router attached since. A copy whose model has since changed (surgery,
+        training steps, ``load_state_dict``, a replaced, moved or converted parameter) is rebuilt, and its active prefixes follow the model's, however they
         were set (``set_budget`` or ``self.model.set_active``): a few microseconds per call.
         """
-        if self.lean is None or self.model.training or torch.is_grad_enabled():
+        if self.lean is None or self.model.training or torch.is_grad_enabled() or self.model.router is not None:
             return None
         if not self.lean.is_current(self.model):
             self.lean = self.model.inference_module()
