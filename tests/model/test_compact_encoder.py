@@ -147,3 +147,9 @@ def test_models_made_under_inference_mode_and_decoders_have_no_lean_copy():
     assert "inference tensors" in compact_unsupported(frozen) and frozen.inference_module() is frozen
     decoder = CausalLM(DecoderConfig(vocab_size=31, max_len=16, d_model=32, n_layers=2, n_heads=4, d_ff=48))
     assert decoder.inference_module() is decoder
+
+
+def test_a_lean_copy_in_training_mode_refuses():
+    compact = _encoder().inference_module().train()
+    with pytest.raises(RuntimeError, match="CompactEncoder is an inference copy .* call .eval"):
+        compact(torch.zeros(1, 4, dtype=torch.long))

@@ -145,6 +145,7 @@ class CompactBert(LeanCopy):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
         """(batch, seq) token ids (and optional 0/1 mask, segment ids) -> (batch, n_classes) logits."""
+        self.check_inference()
         batch, seq = input_ids.shape
         if seq > self.max_len:
             raise ValueError(f"sequence length {seq} exceeds the model's max_len {self.max_len}")

@@ -112,6 +112,7 @@ class CompactEncoder(LeanCopy):
         ``token_type_ids``: accepted for interface parity; this model has no segment embeddings,
         so anything but all zeros is refused, as by the model.
         """
+        self.check_inference()
         batch, seq = input_ids.shape
         if seq > self.max_len:
             raise ValueError(f"sequence length {seq} exceeds model max_len {self.max_len}")

@@ -106,6 +106,12 @@ class LeanCopy(nn.Module):
             and self._read_stamp() == self._stamp
         )
 
+    def check_inference(self) -> None:
+        """A lean copy has no dropout, and its weights are detached from the model's: in training
+        mode it would silently do neither, so it refuses."""
+        if self.training:
+            raise RuntimeError(f"{type(self).__name__} is an inference copy (no dropout, no gradients to the model): call .eval()")
+
     def set_active(self, heads: list[int], ffn_widths: list[int] | None = None) -> None:
         """Run a prefix of each layer's stored heads and FFN neurons (``ffn_widths`` None: the
         widths stay as they are, as :meth:`GatedModel.set_active` does with group counts): views,

@@ -81,7 +81,7 @@ class SlicedModel(nn.Module):
         training steps, ``load_state_dict``, a replaced, moved or converted parameter) is rebuilt, and its active prefixes follow the model's, however they
         were set (``set_budget`` or ``self.model.set_active``): a few microseconds per call.
         """
-        if self.lean is None or self.model.training or torch.is_grad_enabled() or self.model.router is not None:
+        if self.lean is None or self.model.training or self.lean.training or torch.is_grad_enabled() or self.model.router is not None:
             return None
         if not self.lean.is_current(self.model):
             self.lean = self.model.inference_module()
