@@ -134,9 +134,20 @@ def test_sliced_encoder_rebuilds_its_copy_when_a_parameter_is_replaced_or_conver
         sliced.model.double()
         assert sliced(ids, mask).dtype == torch.float64
         sliced.model.float()
-        sliced.model.attach_router(RouterConfig())  # a router attached since: the module tree routes
-        with patch.object(CompactEncoder, "forward", side_effect=AssertionError("lean copy used")):
-            sliced(ids, mask)
+    with torch.inference_mode():  # a parameter without a version counter: the copy is dropped
+        replacement = torch.nn.Parameter(sliced.model.classifier.bias.clone())
+    sliced.model.classifier.bias = replacement
+    with torch.no_grad():
+        assert torch.allclose(sliced(ids, mask), sliced.model(ids, mask)) and sliced.lean is None
+
+
+def test_a_router_attached_to_a_sliced_encoder_sends_calls_to_the_module_tree():
+    model = _encoder()
+    sliced = SlicedModel(model, HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(2))))
+    sliced.model.attach_router(RouterConfig())
+    ids, mask = _inputs()
+    with torch.no_grad(), patch.object(CompactEncoder, "forward", side_effect=AssertionError("lean copy used")):
+        sliced(ids, mask)
 
 
 def test_models_made_under_inference_mode_and_decoders_have_no_lean_copy():

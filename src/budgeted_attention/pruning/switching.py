@@ -78,13 +78,17 @@ class SlicedModel(nn.Module):
 
         The wrapped model's mode decides (a new SlicedModel is in training mode whatever it wraps);
         so do autograd and a router attached since. A copy whose model has since changed (surgery,
-        training steps, ``load_state_dict``, a replaced, moved or converted parameter) is rebuilt, and its active prefixes follow the model's, however they
-        were set (``set_budget`` or ``self.model.set_active``): a few microseconds per call.
+        training steps, ``load_state_dict``, a replaced, moved or converted parameter) is rebuilt
+        (or dropped, when the model no longer has one), and its active prefixes follow the model's,
+        however they were set (``set_budget`` or ``self.model.set_active``): microseconds per call.
         """
         if self.lean is None or self.model.training or self.lean.training or torch.is_grad_enabled() or self.model.router is not None:
             return None
         if not self.lean.is_current(self.model):
-            self.lean = self.model.inference_module()
+            copy = self.model.inference_module()
+            self.lean = None if copy is self.model else copy
+            if self.lean is None:
+                return None
             self._lean_counts = (self.model.active_heads(), self.model.active_ffn_widths())
         counts = (self.model.active_heads(), self.model.active_ffn_widths())
         if counts != self._lean_counts:
