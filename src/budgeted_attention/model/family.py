@@ -464,8 +464,8 @@ class GatedModel(nn.Module):
         surgery or ``set_active`` on ``self`` does not reach it). A lean copy (not ``self``) has
         its own ``set_active(head_counts, ffn_widths)`` (FFN widths in neurons; None: unchanged)
         and ``is_current(model)`` (False once the model had surgery, or a parameter replaced,
-        moved, converted or written in place),
-        with which :class:`~budgeted_attention.pruning.switching.SlicedModel` keeps it in step.
+        moved, converted or written in place), with which
+        :class:`~budgeted_attention.pruning.switching.SlicedModel` keeps it in step.
         """
         return self
 

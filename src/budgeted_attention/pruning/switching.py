@@ -32,9 +32,8 @@ class SlicedModel(nn.Module):
         the module tree; soft gates, training and autograd always run the module tree."""
         super().__init__()
         self.model = sort_heads(model, ranking)
-        copy = self.model.inference_module() if lean else self.model
-        self.lean: nn.Module | None = None if copy is self.model else copy
-        self._lean_counts = (self.model.active_heads(), self.model.active_ffn_widths())
+        self.lean: nn.Module | None = self._lean_copy() if lean else None
+        self._lean_counts = self._active_counts()
         self.ranking = ranking
         self._counts_cache: dict[float, tuple[list[int], list[int] | None]] = {}
         self.budget = 1.0
@@ -84,14 +83,22 @@ class SlicedModel(nn.Module):
         """
         if self.lean is None or self.model.training or self.lean.training or torch.is_grad_enabled() or self.model.router is not None:
             return None
+        counts = self._active_counts()
         if not self.lean.is_current(self.model):
-            copy = self.model.inference_module()
-            self.lean = None if copy is self.model else copy
+            self.lean = self._lean_copy()
             if self.lean is None:
                 return None
-            self._lean_counts = (self.model.active_heads(), self.model.active_ffn_widths())
-        counts = (self.model.active_heads(), self.model.active_ffn_widths())
+            self._lean_counts = counts  # a new copy runs the model's active prefixes
         if counts != self._lean_counts:
             self.lean.set_active(*counts)
             self._lean_counts = counts
         return self.lean
+
+    def _lean_copy(self) -> nn.Module | None:
+        """The family's lean copy of the sorted model, or None where the family has none."""
+        copy = self.model.inference_module()
+        return None if copy is self.model else copy
+
+    def _active_counts(self) -> tuple[list[int], list[int] | None]:
+        """(heads per layer, FFN neurons per layer or None) the model runs now."""
+        return self.model.active_heads(), self.model.active_ffn_widths()

@@ -112,9 +112,8 @@ class ResultRow:
         self.reference_speedups = {
             key[: -len("_speedup")]: value
             for key, value in bench_row.items()
-            # lean_* figures have their own dense reference (the lean copy), not this row's.
-            if key.endswith("_speedup") and key not in ("ideal_speedup", "sliced_speedup") and not key.startswith(("lean_", "sliced_"))
-            and value is not None
+            # lean_* and sliced_* figures have their own dense reference, not this row's.
+            if key.endswith("_speedup") and key != "ideal_speedup" and not key.startswith(("lean_", "sliced_")) and value is not None
         }
 
     def to_dict(self) -> dict[str, Any]:
