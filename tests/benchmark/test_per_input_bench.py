@@ -53,6 +53,13 @@ def test_rows_time_the_static_slice_at_batch_one_only(batch_size):
         assert row["static_latency_ms"] > 0
         assert row["routing_share"] == pytest.approx(row["speedup"] / row["static_speedup"])
         assert row["static_efficiency"] == pytest.approx(row["static_speedup"] / row["ideal_speedup"])
+        # the same decisions through the lean copy, against its own dense pass and the plain reference
+        assert row["lean_latency_ms"] > 0 and row["lean_static_latency_ms"] > 0
+        assert row["lean_speedup"] == pytest.approx(row["lean_dense_latency_ms"] / row["lean_latency_ms"])
+        assert row["lean_efficiency"] == pytest.approx(row["lean_speedup"] / row["ideal_speedup"])
+        assert row["lean_plain_speedup"] == pytest.approx(row["dense_latency_ms"] / row["lean_latency_ms"])
+        assert row["lean_routing_share"] == pytest.approx(row["lean_speedup"] / row["lean_static_speedup"])
     else:
         assert row["static_latency_ms"] is None and row["routing_share"] is None
+        assert row["lean_latency_ms"] is None and row["lean_efficiency"] is None
     assert model.router is not None and model._active == model.heads_per_layer

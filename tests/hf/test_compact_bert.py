@@ -187,3 +187,27 @@ def test_lean_copy_widths_stay_when_not_given():
     compact.set_active([4, 4, 4], [8, 4, 0])
     compact.set_active([1, 2, 3])
     assert [layer.ffn_width for layer in compact.layers] == [8, 4, 0] and [layer.n_heads for layer in compact.layers] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("mode", ["capped", "learned"])
+def test_routed_inputs_through_the_copy_equal_the_routed_model(mode):
+    from budgeted_attention.model.routed_inference import RoutedInference
+
+    model = _tiny_bert(ffn_group_size=4)
+    router = model.attach_router(RouterConfig(mode=mode))
+    with torch.no_grad():  # distinct head sets per input
+        router.scorer.weight.normal_(std=2.0)
+        router.controller[2].weight.normal_(std=2.0)
+    model.eval()
+    runtime = RoutedInference(model)
+    assert isinstance(runtime.lean, CompactBert)
+    ids, mask, segments = _inputs()
+    budget = 0.5 if mode == "capped" else None
+    sets = set()
+    with torch.no_grad():
+        for i in range(ids.shape[0]):
+            one, one_mask, one_segments = ids[i : i + 1], mask[i : i + 1], segments[i : i + 1]
+            expected = model(one, one_mask, one_segments, budget=budget)
+            assert torch.allclose(runtime(one, one_mask, one_segments, budget=budget), expected, atol=1e-5)
+            sets.add(model.routed_gates(one, one_mask, budget, None)[1].sets)
+    assert len(sets) > 1 and runtime.lean.layers[0]._gathered.misses > 0

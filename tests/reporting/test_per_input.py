@@ -58,3 +58,19 @@ def test_static_columns_count_their_seeds_when_fewer_than_the_rows():
     new["rows"][0].update(static_speedup=1.2, static_efficiency=0.96, routing_share=0.8)
     table = speed_table({"0": old, "1": new})
     assert "| 1.20x (1 seeds) | 0.96 (1 seeds) | 0.80 (1 seeds) |" in table
+
+
+def test_lean_table_shows_batch_one_routing_through_the_lean_copy_and_nothing_without_it():
+    from budgeted_attention.reporting.per_input import lean_table
+
+    assert lean_table({"0": _bench(1.0)}) == ""  # older records: no section
+    assert "lean inference copy" not in routed_markdown({"bench": {"0": _bench(1.0)}})
+    bench = _bench(1.0)
+    bench["rows"][0].update(
+        lean_latency_ms=8.0, lean_dense_latency_ms=11.0, lean_static_latency_ms=7.5, lean_speedup=1.375, lean_efficiency=1.1,
+        lean_plain_speedup=1.5, lean_static_speedup=11.0 / 7.5, lean_static_efficiency=1.17, lean_routing_share=0.94,
+    )
+    table = lean_table({"0": bench})
+    assert "| capped-routing | 0.5 | 1 | 64 | 1 | 11.000 | 8.000 | 1.38x | 1.25x | 1.10 | 1.17 | 0.94 | 1.50x |" in table
+    assert "budgetformer" not in table  # its row has no lean timing
+    assert "lean inference copy" in routed_markdown({"bench": {"0": bench}})

@@ -7,6 +7,12 @@ gate or router code), 1 thread by default. The FLOP-ideal speedup is the dense m
 over the FLOPs of the heads the same inputs selected (cost model at each batch's padded length);
 efficiency = measured / ideal, so router overhead and grouping show as lost efficiency.
 
+At batch 1, where the family has a lean inference copy, the same decisions also run through it
+(:class:`~budgeted_attention.model.routed_inference.RoutedInference`), timed in the same rounds
+against the lean copy's own dense pass (like for like: ``lean_efficiency``) and, with its
+runtime gain, against the plain dense reference (``lean_plain_speedup``); the static slice runs
+through a lean copy too (``lean_static_*``).
+
 At batch 1 a third model runs in the same interleaved rounds: the *static slice*, the same weights
 without the router, each input run with its own head count per layer as a prefix of the stored
 heads (instant switching, :meth:`~budgeted_attention.model.family.GatedModel.set_active`, whose
@@ -28,6 +34,7 @@ from torch import nn
 from budgeted_attention.benchmark.config import BenchConfig
 from budgeted_attention.benchmark.latency import measure_interleaved
 from budgeted_attention.model.family import GatedModel
+from budgeted_attention.model.routed_inference import RoutedInference
 from budgeted_attention.model.router import pooled_embeddings
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -63,12 +70,40 @@ def static_slice(model: GatedModel) -> GatedModel:
     return static.eval()
 
 
-def _run_sliced(static: GatedModel, batches: Batches, counts: list[int]) -> None:
-    """The static slice over one-input ``batches``: input i with ``counts[i]`` heads in every layer."""
-    full = static.heads_per_layer
+def _run_sliced(static: nn.Module, full: list[int], batches: Batches, counts: list[int]) -> None:
+    """The static slice over one-input ``batches``: input i with ``counts[i]`` heads in every layer
+    (``static``: the router-free model or its lean copy; ``full``: its stored heads per layer)."""
     for (ids, mask), k in zip(batches, counts):
         static.set_active([min(k, n) for n in full])
         static(ids, mask)
+
+
+def _lean_runtimes(model: GatedModel, static: GatedModel | None) -> tuple[RoutedInference | None, nn.Module | None]:
+    """(routed runtime through the lean copy, lean copy of the static slice), or (None, None) where
+    the family has no lean copy of this model."""
+    if static is None:
+        return None, None
+    runtime = RoutedInference(model)
+    static_lean = static.inference_module()
+    if runtime.lean is None or static_lean is static:
+        return None, None
+    return runtime, static_lean.eval()
+
+
+def _lean_fields(timed: dict[str, float], ideal: float) -> dict[str, float | None]:
+    """Row fields of the lean runs (None where they were not timed)."""
+    if "lean_routed" not in timed:
+        keys = ("lean_latency_ms", "lean_dense_latency_ms", "lean_static_latency_ms", "lean_speedup", "lean_efficiency",
+                "lean_plain_speedup", "lean_static_speedup", "lean_static_efficiency", "lean_routing_share")
+        return dict.fromkeys(keys)
+    speedup = timed["lean_dense"] / timed["lean_routed"]
+    static_speedup = timed["lean_dense"] / timed["lean_static"]
+    return {
+        "lean_latency_ms": timed["lean_routed"], "lean_dense_latency_ms": timed["lean_dense"],
+        "lean_static_latency_ms": timed["lean_static"], "lean_speedup": speedup, "lean_efficiency": speedup / ideal,
+        "lean_plain_speedup": timed["dense"] / timed["lean_routed"], "lean_static_speedup": static_speedup,
+        "lean_static_efficiency": static_speedup / ideal, "lean_routing_share": speedup / static_speedup,
+    }
 
 
 def bench_per_input(
@@ -95,13 +130,17 @@ def bench_per_input(
         ``ideal_speedup``, ``efficiency``, ``mean_heads`` and the setting; at batch 1 also
         ``static_latency_ms``, ``static_speedup``, ``static_efficiency`` (static speedup /
         FLOP-ideal) and ``routing_share`` (routed speedup / static speedup); None at larger
-        batches, whose inputs have different counts that one slice cannot run.
+        batches, whose inputs have different counts that one slice cannot run. At batch 1 with a
+        lean copy also ``lean_latency_ms``, ``lean_dense_latency_ms``, ``lean_speedup`` (lean
+        dense over lean routed), ``lean_efficiency``, ``lean_plain_speedup`` (plain dense over
+        lean routed) and the lean static slice's ``lean_static_*`` / ``lean_routing_share``.
     """
     model.eval()
     reference.eval()
     batch_size = int(batches[0][0].shape[0])
     lengths = [int(ids.shape[1]) for ids, _ in batches]
     static = static_slice(model) if batch_size == 1 else None
+    runtime, static_lean = _lean_runtimes(model, static)
     rows = []
     for budget in budgets:
         per_batch = selected_heads(model, batches, budget)
@@ -117,8 +156,11 @@ def bench_per_input(
                 reference(ids, mask)
 
         functions = {"routed": routed, "dense": dense}
+        counts = [batch_heads[0] for batch_heads in per_batch]
         if static is not None:
-            functions["static"] = functools.partial(_run_sliced, static, batches, [batch_heads[0] for batch_heads in per_batch])
+            functions["static"] = functools.partial(_run_sliced, static, static.heads_per_layer, batches, counts)
+        if runtime is not None:
+            functions.update(_lean_functions(runtime, static_lean, batches, counts, budget, static.heads_per_layer))
         timed = measure_interleaved(functions, threads=cfg.threads, rounds=cfg.rounds, min_run_time=cfg.min_run_time)
         speedup = timed["dense"] / timed["routed"]
         static_speedup = timed["dense"] / timed["static"] if static is not None else None
@@ -132,5 +174,23 @@ def bench_per_input(
             "static_latency_ms": timed.get("static"), "static_speedup": static_speedup,
             "static_efficiency": None if static_speedup is None else static_speedup / ideal,
             "routing_share": None if static_speedup is None else speedup / static_speedup,
+            **_lean_fields(timed, ideal),
         })
     return rows
+
+
+def _lean_functions(
+    runtime: RoutedInference, static_lean: nn.Module, batches: Batches, counts: list[int], budget: float | None, full: list[int]
+) -> dict[str, Any]:
+    """The lean runs of one budget: routed, the copy's dense pass, and the static slice."""
+    lean = runtime.lean
+
+    def lean_routed() -> None:
+        for ids, mask in batches:
+            runtime(ids, mask, budget=budget)
+
+    def lean_dense() -> None:
+        for ids, mask in batches:
+            lean(ids, mask)
+
+    return {"lean_routed": lean_routed, "lean_dense": lean_dense, "lean_static": functools.partial(_run_sliced, static_lean, full, batches, counts)}

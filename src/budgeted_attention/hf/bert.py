@@ -400,12 +400,12 @@ class GatedBertClassifier(GatedModel):
             raise ValueError("the plain reference needs the unpruned model")
         return _UngatedCopy(self)
 
-    def inference_module(self) -> nn.Module:
+    def inference_module(self, *, routed: bool = False) -> nn.Module:
         """:class:`~budgeted_attention.hf.compact.CompactBert` of the current layout where
-        supported (``bert`` model type, no router), else ``self``."""
+        supported (``bert`` model type, no router unless ``routed``), else ``self``."""
         from budgeted_attention.hf.compact import CompactBert, compact_unsupported  # noqa: PLC0415
 
-        return self if compact_unsupported(self) is not None else CompactBert(self)
+        return self if compact_unsupported(self, routed=routed) is not None else CompactBert(self, routed=routed)
 
     def library_references(self) -> dict[str, nn.Module]:
         if self.is_pruned:

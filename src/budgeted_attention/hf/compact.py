@@ -54,8 +54,10 @@ if TYPE_CHECKING:
     from budgeted_attention.hf.bert import GatedBertClassifier
 
 
-def compact_unsupported(model: GatedBertClassifier) -> str | None:
-    """Why ``model`` has no :class:`CompactBert` copy (None when it can have one)."""
+def compact_unsupported(model: GatedBertClassifier, *, routed: bool = False) -> str | None:
+    """Why ``model`` has no :class:`CompactBert` copy (None when it can have one). ``routed``: a copy for
+    a model with a per-input router, which runs the head sets it is given (the router stays with
+    the model: :class:`~budgeted_attention.model.routed_inference.RoutedInference`)."""
     kind = model_type(model.hf)
     config = model.hf.config
     if kind != "bert":
@@ -66,7 +68,7 @@ def compact_unsupported(model: GatedBertClassifier) -> str | None:
         return f"position_embedding_type {config.position_embedding_type!r} (only 'absolute')"
     if getattr(base_model(model.hf), "pooler", None) is None:
         return "no pooler"
-    if model.router is not None:
+    if model.router is not None and not routed:
         return "a per-input router is attached (routing runs through the module tree)"
     return untrackable(model)
 
@@ -97,11 +99,14 @@ class _CompactLayer(LeanLayer):
         self.activation = activation
         self.keep_ffn(inter.dense, layer.output.dense, layer.output.LayerNorm, getattr(inter, "active_width", inter.dense.out_features))
 
-    def forward(self, x: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None) -> torch.Tensor:
-        """(batch * seq, d) -> (batch * seq, d); ``mask``: None or boolean (batch, 1, 1, seq)."""
+    def forward(
+        self, x: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None, heads: tuple[int, ...] | None = None
+    ) -> torch.Tensor:
+        """(batch * seq, d) -> (batch * seq, d); ``mask``: None or boolean (batch, 1, 1, seq);
+        ``heads``: None (the active prefix) or the stored heads to run (a routed input's set)."""
         d = x.shape[1]
         # A sub-layer without heads (neurons) adds its output bias only.
-        y = self.attend(x, batch, seq, mask, self.scaling) if self.n_heads else self.out_bias
+        y = self.attend(x, batch, seq, mask, self.scaling, heads) if self.running_heads(heads) else self.out_bias
         x = F.layer_norm(y + x, (d,), self.ln_attn_weight, self.ln_attn_bias, self.ln_attn_eps)
         y = self.feed_forward(x, self.activation) if self.ffn_width else self.fc2_bias
         return F.layer_norm(y + x, (d,), self.ln_ffn_weight, self.ln_ffn_bias, self.ln_ffn_eps)
@@ -116,9 +121,9 @@ class CompactBert(LeanCopy):
     only: no dropout, no gates, no routing.
     """
 
-    def __init__(self, model: GatedBertClassifier) -> None:
+    def __init__(self, model: GatedBertClassifier, *, routed: bool = False) -> None:
         super().__init__()
-        reason = compact_unsupported(model)
+        reason = compact_unsupported(model, routed=routed)
         if reason is not None:
             raise ValueError(f"no compact inference copy for this model: {reason}")
         base = base_model(model.hf)
@@ -142,9 +147,13 @@ class CompactBert(LeanCopy):
         self.eval()
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
+        *, head_sets: list[tuple[int, ...]] | None = None,
     ) -> torch.Tensor:
-        """(batch, seq) token ids (and optional 0/1 mask, segment ids) -> (batch, n_classes) logits."""
+        """(batch, seq) token ids (and optional 0/1 mask, segment ids) -> (batch, n_classes) logits.
+
+        ``head_sets``: per layer, the stored heads (ascending positions) the whole batch runs
+        instead of the active prefixes (a routed input's sets)."""
         self.check_inference()
         batch, seq = input_ids.shape
         if seq > self.max_len:
@@ -156,8 +165,8 @@ class CompactBert(LeanCopy):
         mask = None  # SDPA runs its unmasked kernel when nothing is padded, as transformers does
         if attention_mask is not None and needs_mask(attention_mask):
             mask = attention_mask.to(device=input_ids.device, dtype=torch.bool).reshape(batch, 1, 1, seq)
-        for layer in self.layers:
-            x = layer(x, batch, seq, mask)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, batch, seq, mask, None if head_sets is None else head_sets[index])
         first = x.view(batch, seq, d)[:, 0]
         pooled = torch.tanh(F.linear(first, self.pooler_weight, self.pooler_bias))
         return F.linear(pooled, self.classifier_weight, self.classifier_bias)

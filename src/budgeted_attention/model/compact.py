@@ -17,8 +17,10 @@ arithmetic, whatever the layer's width (d256 at sequence 128: about 0.1 ms per l
 * final LayerNorm, ``cls`` or mask-aware mean pooling, classifier.
 
 Every weight but the transposed second FFN weight is shared with the model. Supported: the
-softmax encoder without a router, QK-norm or residual gains (see :func:`compact_unsupported`);
-those run through the module tree.
+softmax encoder without QK-norm or residual gains (see :func:`compact_unsupported`); those run
+through the module tree. A model with a per-input router gets a copy only when asked for one
+(``routed=True``): the copy then runs the head sets it is given, which
+:class:`~budgeted_attention.model.routed_inference.RoutedInference` takes from the router.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ if TYPE_CHECKING:
     from budgeted_attention.model.transformer import EncoderBlock, EncoderClassifier
 
 
-def compact_unsupported(model: EncoderClassifier) -> str | None:
-    """Why ``model`` has no :class:`CompactEncoder` copy (None when it can have one)."""
+def compact_unsupported(model: EncoderClassifier, *, routed: bool = False) -> str | None:
+    """Why ``model`` has no :class:`CompactEncoder` copy (None when it can have one). ``routed``: a copy for
+    a model with a per-input router, which runs the head sets it is given (the router stays with
+    the model: :class:`~budgeted_attention.model.routed_inference.RoutedInference`)."""
     cfg = model.config
     if cfg.attention != "softmax" or cfg.positions != "learned" or any(block.attn.causal for block in model.blocks):
         return "not the bidirectional softmax encoder with learned positions"
-    if model.router is not None:
+    if model.router is not None and not routed:
         return "a per-input router is attached (routing runs through the module tree)"
     if cfg.qk_norm or cfg.residual_gate:
         return "qk_norm / residual_gate (only the plain pre-LN block has a lean copy)"
@@ -65,11 +69,15 @@ class _CompactBlock(LeanLayer):
         if block.has_ffn:
             self.keep_ffn(block.ffn.fc1, block.ffn.fc2, block.ln_ffn, block.ffn.active_width)
 
-    def forward(self, x: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None) -> torch.Tensor:
-        """(batch * seq, d) -> (batch * seq, d); ``mask``: None or boolean (batch, 1, 1, seq)."""
+    def forward(
+        self, x: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None, heads: tuple[int, ...] | None = None
+    ) -> torch.Tensor:
+        """(batch * seq, d) -> (batch * seq, d); ``mask``: None or boolean (batch, 1, 1, seq);
+        ``heads``: None (the active prefix) or the stored heads to run (a routed input's set)."""
         d = x.shape[1]
-        if self.n_heads:  # the residual added in place to the fresh attention output
-            x = self.attend(F.layer_norm(x, (d,), self.ln_attn_weight, self.ln_attn_bias, self.ln_attn_eps), batch, seq, mask).add_(x)
+        if self.running_heads(heads):  # the residual added in place to the fresh attention output
+            h = F.layer_norm(x, (d,), self.ln_attn_weight, self.ln_attn_bias, self.ln_attn_eps)
+            x = self.attend(h, batch, seq, mask, heads=heads).add_(x)
         else:  # no heads: the output projection adds its bias only
             x = x + self.out_bias
         if not self.has_ffn:
@@ -86,9 +94,9 @@ class CompactEncoder(LeanCopy):
     Equal to ``model(ids, mask)`` without gates up to float rounding. Inference only.
     """
 
-    def __init__(self, model: EncoderClassifier) -> None:
+    def __init__(self, model: EncoderClassifier, *, routed: bool = False) -> None:
         super().__init__()
-        reason = compact_unsupported(model)
+        reason = compact_unsupported(model, routed=routed)
         if reason is not None:
             raise ValueError(f"no compact inference copy for this model: {reason}")
         keep(self, "token_embedding", model.token_embedding.weight.detach())
@@ -105,12 +113,14 @@ class CompactEncoder(LeanCopy):
         self.eval()
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
+        *, head_sets: list[tuple[int, ...]] | None = None,
     ) -> torch.Tensor:
         """(batch, seq) token ids (and optional 0/1 mask) -> (batch, n_classes) logits.
 
         ``token_type_ids``: accepted for interface parity; this model has no segment embeddings,
-        so anything but all zeros is refused, as by the model.
+        so anything but all zeros is refused, as by the model. ``head_sets``: per layer, the
+        stored heads (ascending positions) the whole batch runs instead of the active prefixes.
         """
         self.check_inference()
         batch, seq = input_ids.shape
@@ -123,7 +133,7 @@ class CompactEncoder(LeanCopy):
         mask = None  # SDPA runs its unmasked kernel when nothing is padded, as the model does
         if attention_mask is not None and needs_mask(attention_mask):
             mask = attention_mask.to(device=input_ids.device, dtype=torch.bool).reshape(batch, 1, 1, seq)
-        for layer in self.layers:
-            x = layer(x, batch, seq, mask)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, batch, seq, mask, None if head_sets is None else head_sets[index])
         x = F.layer_norm(x, (d,), self.ln_final_weight, self.ln_final_bias, self.ln_final_eps).view(batch, seq, d)
         return F.linear(pool_states(x, attention_mask, self.pooling), self.classifier_weight, self.classifier_bias)

@@ -207,7 +207,7 @@ class GatedModel(nn.Module):
             positions of its heads (a tuple) and no FFN gates.
         """
         if isinstance(gates, HeadSets):
-            return self._set_positions(gates), None
+            return self.head_positions(gates), None
         explicit = as_unit_gates(gates)
         if explicit is not None:
             self._check_gates(explicit)
@@ -230,7 +230,7 @@ class GatedModel(nn.Module):
         ffn = None if resolved.ffn is None else self._reindex(resolved.ffn, self._group_index, self._group_identity)
         return heads, ffn
 
-    def _set_positions(self, selection: HeadSets) -> list[tuple[int, ...]]:
+    def head_positions(self, selection: HeadSets) -> list[tuple[int, ...]]:
         """Per layer, the physical positions (ascending) of the head ids in ``selection``."""
         if len(selection.sets) != self.n_layers:
             raise ValueError(f"head sets must give one set per layer ({self.n_layers}), got {len(selection.sets)}")
@@ -455,9 +455,14 @@ class GatedModel(nn.Module):
         """
         raise NotImplementedError
 
-    def inference_module(self) -> nn.Module:
+    def inference_module(self, *, routed: bool = False) -> nn.Module:
         """The fastest module this family has for the current layout without gates: a lean copy
         (same weights and kernels, less framework code) where the family has one, else ``self``.
+
+        ``routed``: a copy of a model with a per-input router, made although the router is
+        attached; it runs the per-layer head sets it is given (``copy(ids, mask, head_sets=...)``,
+        stored positions) and leaves deciding them to the router
+        (:class:`~budgeted_attention.model.routed_inference.RoutedInference` does both).
 
         Called as ``module(input_ids, attention_mask)``; logits equal ``self(ids, mask)`` up to
         float rounding. Inference only: it neither gates nor routes, and it is a snapshot (later

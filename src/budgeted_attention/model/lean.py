@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from budgeted_attention.model.gathered import GatherCache
+
 
 def keep(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
     """A weight as a buffer (``.to()`` moves it), never saved: the model's weights are saved with
@@ -35,6 +37,10 @@ class LeanLayer(nn.Module):
     stored_width: int
     ffn_width: int
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._gathered = GatherCache()  # per-input head sets' weights (a routed model's copy)
+
     def keep_ffn(self, fc1: nn.Linear, fc2: nn.Linear, norm: nn.LayerNorm, active_width: int) -> None:
         """Store an FFN (``fc2``'s weight transposed, a copy: a prefix of neurons is then a
         contiguous view) and its LayerNorm; the first ``active_width`` neurons run."""
@@ -47,16 +53,41 @@ class LeanLayer(nn.Module):
         keep(self, "ln_ffn_bias", norm.bias.detach())
         self.ln_ffn_eps = norm.eps
 
-    def attend(self, h: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None, scale: float | None = None) -> torch.Tensor:
-        """Self-attention of the running heads (n_heads > 0) over (batch * seq, d) states: one
-        Q/K/V ``addmm``, SDPA, the output ``addmm`` with its bias; (batch * seq, d)."""
-        n, hd = self.n_heads, self.head_dim
+    def running_heads(self, heads: tuple[int, ...] | None) -> int:
+        """How many heads a call runs: ``len(heads)`` for a head set, else the active prefix."""
+        return self.n_heads if heads is None else len(heads)
+
+    def attend(
+        self, h: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None, scale: float | None = None,
+        heads: tuple[int, ...] | None = None,
+    ) -> torch.Tensor:
+        """Self-attention of the running heads (at least one) over (batch * seq, d) states: one
+        Q/K/V ``addmm``, SDPA, the output ``addmm`` with its bias; (batch * seq, d).
+
+        ``heads``: None runs the active prefix; a head set (ascending stored positions, a
+        per-input router's choice for one input) runs those heads only, from weight rows
+        gathered once per set and cached while the weights are unchanged."""
+        n, hd = self.running_heads(heads), self.head_dim
         qkv_weight, qkv_bias, out_weight_t = self.qkv_weight, self.qkv_bias, self.out_weight_t
-        if n != self.stored_heads:  # a prefix of heads: contiguous views in this layout
+        if heads is not None and n != self.stored_heads:
+            qkv_weight, qkv_bias, out_weight_t = self._gathered.get(heads, (qkv_weight, qkv_bias, out_weight_t), lambda: self._gather(heads))
+        elif n != self.stored_heads:  # a prefix of heads: contiguous views in this layout
             qkv_weight, qkv_bias, out_weight_t = qkv_weight[: 3 * n * hd], qkv_bias[: 3 * n * hd], out_weight_t[: n * hd]
         q, k, v = torch.addmm(qkv_bias, h, qkv_weight.t()).view(batch, seq, n, 3, hd).permute(3, 0, 2, 1, 4).unbind(0)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, n, T, hd)
         return torch.addmm(self.out_bias, y.transpose(1, 2).reshape(batch * seq, n * hd), out_weight_t)
+
+    def _gather(self, heads: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(qkv_weight, qkv_bias, out_weight_t) rows of the stored heads ``heads``, copied: in this
+        layout each head's rows are one contiguous block."""
+        hd, d = self.head_dim, self.qkv_weight.shape[1]
+        index = torch.tensor(heads, dtype=torch.long, device=self.qkv_weight.device)
+        n = len(heads)
+        return (
+            self.qkv_weight.view(self.stored_heads, 3 * hd, d).index_select(0, index).view(n * 3 * hd, d),
+            self.qkv_bias.view(self.stored_heads, 3 * hd).index_select(0, index).view(n * 3 * hd),
+            self.out_weight_t.view(self.stored_heads, hd, -1).index_select(0, index).view(n * hd, -1),
+        )
 
     def feed_forward(self, h: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """The running FFN neurons (ffn_width > 0) over (batch * seq, d) states, second bias

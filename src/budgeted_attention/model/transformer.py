@@ -323,9 +323,9 @@ class EncoderClassifier(BlockStack):
 
         return PlainEncoder(self)
 
-    def inference_module(self) -> nn.Module:
+    def inference_module(self, *, routed: bool = False) -> nn.Module:
         """:class:`~budgeted_attention.model.compact.CompactEncoder` of the current layout where
-        supported (no router, QK-norm or residual gains), else ``self``."""
+        supported (no router unless ``routed``, no QK-norm or residual gains), else ``self``."""
         from budgeted_attention.model.compact import CompactEncoder, compact_unsupported  # noqa: PLC0415
 
-        return self if compact_unsupported(self) is not None else CompactEncoder(self)
+        return self if compact_unsupported(self, routed=routed) is not None else CompactEncoder(self, routed=routed)

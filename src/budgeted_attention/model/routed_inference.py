@@ -1,0 +1,76 @@
+"""Per-input head routing through a lean inference copy: the router decides, the copy computes.
+
+A routed model (:meth:`~budgeted_attention.model.family.GatedModel.attach_router`) decides each
+input's heads from its pooled token embeddings before the first layer, then runs only those
+heads. Through the module tree, one input's pass pays the same per-call framework cost whether a
+layer runs one head or all of them, so on a small model at batch 1 that fixed cost eats much of
+what the removed heads saved. :class:`RoutedInference` keeps the decision with the model and runs
+the chosen head sets in the family's lean copy (:meth:`GatedModel.inference_module` with
+``routed=True``: one flat loop of the same kernels, each set's weight rows gathered once and
+cached). Batches of more than one input, autograd and training mode run the module tree, which
+groups a batch's inputs by head set.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from budgeted_attention.model.family import GatedModel
+from budgeted_attention.model.gates import HeadSets
+
+
+class RoutedInference(nn.Module):
+    """Serve a routed model: ``(input_ids, attention_mask, token_type_ids, budget=) -> logits``.
+
+    Equal to ``model(ids, mask, token_type_ids, budget=budget)`` up to float rounding. One input
+    in eval mode without autograd runs through the lean copy; anything else through ``model``.
+    The copy is rebuilt when the model has changed since it was made (surgery, training steps,
+    ``load_state_dict``, a replaced, moved or converted parameter).
+
+    Example::
+
+        runtime = RoutedInference(routed_model.eval())
+        with torch.no_grad():
+            logits = runtime(ids, mask, budget=0.5)   # a capped router; None for a learned one
+    """
+
+    def __init__(self, model: GatedModel) -> None:
+        super().__init__()
+        if model.router is None:
+            raise ValueError("RoutedInference needs a model with a per-input head router (attach_router)")
+        self.model = model
+        self.lean: nn.Module | None = self._lean_copy()
+
+    def _lean_copy(self) -> nn.Module | None:
+        copy = self.model.inference_module(routed=True)
+        return None if copy is self.model else copy
+
+    def current_lean(self) -> nn.Module | None:
+        """The lean copy when it may serve now, in step with the model; None when the module tree runs."""
+        if self.lean is None or self.model.training or self.model.router is None or self.model.router.training or torch.is_grad_enabled():
+            return None
+        if not self.lean.is_current(self.model):
+            self.lean = self._lean_copy()
+        return self.lean
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        *,
+        budget: float | None = None,
+    ) -> torch.Tensor:
+        """(batch, seq) ids (optional 0/1 mask, segment ids) -> (batch, n_classes) logits at
+        ``budget`` (a capped router's caller budget; None for a learned router)."""
+        lean = self.current_lean() if input_ids.shape[0] == 1 else None
+        if lean is None:
+            return self.model(input_ids, attention_mask, token_type_ids, budget=budget)
+        padded = attention_mask is not None and not bool(attention_mask.all())
+        _, decision = self.model.routed_gates(input_ids, attention_mask if padded else None, budget, None)
+        if decision is None:  # a capped router at b = 1: the dense model
+            return lean(input_ids, attention_mask, token_type_ids)
+        if not isinstance(decision, HeadSets):  # pragma: no cover - one input in eval mode decides sets
+            return self.model(input_ids, attention_mask, token_type_ids, budget=budget)
+        return lean(input_ids, attention_mask, token_type_ids, head_sets=self.model.head_positions(decision))

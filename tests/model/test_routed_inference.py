@@ -1,0 +1,122 @@
+"""Per-input routing through the lean copy: equal logits to the routed model's own forward for
+every head set the router picks (both families), the module tree for anything but one input in
+eval mode without autograd, and a rebuild when the model changed."""
+
+import pytest
+import torch
+
+from budgeted_attention.model.compact import CompactEncoder
+from budgeted_attention.model.router import RouterConfig
+from budgeted_attention.model.routed_inference import RoutedInference
+from budgeted_attention.model.transformer import EncoderClassifier
+
+from conftest import tiny_config
+
+
+def _routed(mode: str = "capped", **overrides) -> EncoderClassifier:
+    torch.manual_seed(0)
+    model = EncoderClassifier(tiny_config(**overrides))
+    router = model.attach_router(RouterConfig(mode=mode))
+    with torch.no_grad():  # distinct scores and fractions per input; non-zero output biases
+        router.scorer.weight.normal_(std=2.0)
+        router.controller[2].weight.normal_(std=2.0)
+        for block in model.blocks:
+            block.attn.out_bias.normal_(std=0.1)
+    return model.eval()
+
+
+def _inputs(batch: int = 8, seq: int = 11):
+    ids = torch.randint(0, 29, (batch, seq), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, 6:] = 0
+    if batch > 3:
+        mask[3, 2:] = 0
+    return ids, mask
+
+
+def _per_input(runtime, model, ids, mask, budget):
+    """(lean, module tree) logits of each input alone, and the distinct head sets seen."""
+    lean, tree, sets = [], [], set()
+    with torch.no_grad():
+        for i in range(ids.shape[0]):
+            one, one_mask = ids[i : i + 1], mask[i : i + 1]
+            lean.append(runtime(one, one_mask, budget=budget))
+            tree.append(model(one, one_mask, budget=budget))
+            pooled_mask = one_mask if not bool(one_mask.all()) else None
+            sets.add(model.routed_gates(one, pooled_mask, budget, None)[1].sets if budget != 1.0 else None)
+    return torch.cat(lean), torch.cat(tree), sets
+
+
+@pytest.mark.parametrize("budget", [0.25, 0.5, 1.0])
+def test_lean_routed_logits_equal_the_routed_model(budget):
+    model = _routed()
+    runtime = RoutedInference(model)
+    assert isinstance(runtime.lean, CompactEncoder)
+    ids, mask = _inputs()
+    lean, tree, sets = _per_input(runtime, model, ids, mask, budget)
+    assert torch.allclose(lean, tree, atol=1e-5)
+    if budget < 1.0:
+        assert len(sets) > 1  # inputs ran different head sets
+        assert any(0 < len(s) < model.n_heads for layer_sets in sets for s in layer_sets)  # gathered sets ran
+    assert runtime.lean.layers[0]._gathered.misses > 0 or budget == 1.0
+
+
+def test_learned_router():
+    model = _routed("learned")
+    runtime = RoutedInference(model)
+    ids, mask = _inputs()
+    lean, tree, _ = _per_input(runtime, model, ids, mask, None)
+    assert torch.allclose(lean, tree, atol=1e-5)
+
+
+def test_a_wrong_gather_changes_the_logits():
+    """Negative control: running each set's complement must not match."""
+    model = _routed()
+    runtime = RoutedInference(model)
+    ids, mask = _inputs(batch=1)
+    with torch.no_grad():
+        decision = model.routed_gates(ids, None, 0.25, None)[1]
+        positions = model.head_positions(decision)
+        wrong = [tuple(h for h in range(model.n_heads) if h not in heads) or heads for heads in positions]
+        assert not torch.allclose(runtime.lean(ids, mask, head_sets=wrong), model(ids, mask, budget=0.25), atol=1e-4)
+
+
+def test_batches_training_and_autograd_run_the_module_tree():
+    model = _routed()
+    runtime = RoutedInference(model)
+    ids, mask = _inputs(batch=3)
+    with torch.no_grad():
+        assert torch.allclose(runtime(ids, mask, budget=0.5), model(ids, mask, budget=0.5), atol=1e-6)
+        assert runtime.lean.layers[0]._gathered.misses == 0  # the batch never reached the copy
+    with torch.enable_grad():
+        assert runtime(ids[:1], mask[:1], budget=0.5).requires_grad
+    model.train()
+    assert runtime.current_lean() is None
+    model.eval()
+    with torch.no_grad():
+        assert runtime.current_lean() is runtime.lean
+
+
+def test_the_copy_is_rebuilt_after_a_weight_change():
+    model = _routed()
+    runtime = RoutedInference(model)
+    ids, mask = _inputs(batch=1)
+    with torch.no_grad():
+        before = runtime.lean
+        runtime(ids, mask, budget=0.5)
+        model.blocks[0].attn.qkv_weight.mul_(1.5)  # in place: the cached gathers are stale
+        after = runtime(ids, mask, budget=0.5)
+        assert runtime.lean is not before
+        assert torch.allclose(after, model(ids, mask, budget=0.5), atol=1e-5)
+
+
+def test_needs_a_router_and_falls_back_without_a_lean_copy():
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match="router"):
+        RoutedInference(EncoderClassifier(tiny_config()))
+    model = _routed(qk_norm=True)  # no lean copy of QK-norm blocks: the module tree serves
+    runtime = RoutedInference(model)
+    assert runtime.lean is None
+    ids, mask = _inputs(batch=1)
+    with torch.no_grad():
+        assert torch.allclose(runtime(ids, mask, budget=0.5), model(ids, mask, budget=0.5))
