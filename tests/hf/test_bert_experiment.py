@@ -61,7 +61,7 @@ bench: {{rounds: 1, min_run_time: 0.005}}
     assert result["setting"]["library_references"] == ["transformers"] and result["setting"]["family"] == "bert"
     row = result["rows"][0]
     assert row["heads_kept"] == 2 and row["transformers_speedup"] > 0 and row["sliced_speedup"] > 0
-    assert (tmp_path / "b.md").is_file() and "speedup vs transformers" in (tmp_path / "b.md").read_text()
+    assert (tmp_path / "b.md").is_file() and "| vs transformers |" in (tmp_path / "b.md").read_text()
     # The lean inference copies (CompactBert) are timed in the same rounds, against their own dense copy.
     assert result["setting"]["lean"].startswith("CompactBert")
     assert row["lean_speedup"] > 0 and row["lean_transformers_speedup"] > 0 and row["lean_efficiency"] > 0

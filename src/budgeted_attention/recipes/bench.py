@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from budgeted_attention.benchmark.config import BenchConfig
-from budgeted_attention.benchmark.runner import bench_markdown, bench_ranking
+from budgeted_attention.benchmark.runner import bench_ranking
+from budgeted_attention.reporting.bench_table import bench_table
 from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description
 from budgeted_attention.errors import CheckpointError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
@@ -67,7 +68,7 @@ def run_bench(
     result["checkpoint"] = str(checkpoint)
     json_file = Path(json_path) if json_path else out_dir / "bench.json"
     write_json_atomic(json_file, result)
-    table = bench_markdown(result)
+    table = bench_table(result)
     write_text_atomic(json_file.with_suffix(".md"), f"# baa bench\n\nCheckpoint: `{checkpoint}`\n\n{table}")
     plot_speedups(result["rows"], json_file.with_suffix(".png"))
     log(table)

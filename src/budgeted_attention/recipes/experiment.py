@@ -56,7 +56,8 @@ import torch
 from tqdm.auto import tqdm
 
 from budgeted_attention.benchmark.config import BenchConfig
-from budgeted_attention.benchmark.runner import bench_against_reference, bench_markdown, bench_models, bench_ranking
+from budgeted_attention.benchmark.runner import bench_against_reference, bench_models, bench_ranking
+from budgeted_attention.reporting.bench_table import bench_table
 from budgeted_attention.checkpoint import checkpoint_paths, load_model, load_ranking, save_model
 from budgeted_attention.config import (
     apply_overrides,
@@ -905,7 +906,7 @@ class Experiment:
             first = by_seed[min(by_seed)]
             stem = "bench" if method == "budgeted-hard" else f"bench-{method.removeprefix('budgeted-hard-')}"
             write_json_atomic(self.out / f"{stem}.json", first)
-            write_text_atomic(self.out / f"{stem}.md", f"# baa bench (seed {min(by_seed)}, {method})\n\n" + bench_markdown(first))
+            write_text_atomic(self.out / f"{stem}.md", f"# baa bench (seed {min(by_seed)}, {method})\n\n" + bench_table(first))
             plot_speedups(first["rows"], self.out / ("speedup.png" if stem == "bench" else f"speedup-{stem}.png"))
         self.log(table)
         self.log(notes)

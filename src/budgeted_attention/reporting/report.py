@@ -21,6 +21,7 @@ import yaml
 
 from budgeted_attention.errors import BAAError
 from budgeted_attention.io import atomic_path, write_text_atomic
+from budgeted_attention.reporting.bench_table import bench_table
 from budgeted_attention.reporting.results import LOSS_METRIC, aggregate, markdown_table, metric_of, routing_table
 from budgeted_attention.reporting.summary import headline, headline_markdown
 
@@ -200,94 +201,6 @@ def _commands(info: dict[str, Any]) -> list[str]:
         out.append(render_command(command))
     out.append("```")
     return out
-
-
-def _num(row: dict[str, Any], key: str, fmt: str, suffix: str = "") -> str:
-    value = row.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return ""
-    return f"{value:{fmt}}{suffix}"
-
-
-_BENCH_COLUMNS = [
-    # (header, key, format, suffix, always shown)
-    ("budget", "budget", ".2f", "", True),
-    ("batch", "batch_size", "d", "", True),
-    ("seq", "seq_len", "d", "", True),
-    ("threads", "threads", "d", "", True),
-    ("dense ms", "dense_latency_ms", ".3f", "", True),
-    ("pruned ms", "latency_ms", ".3f", "", True),
-    ("speedup", "speedup", ".2f", "x", True),
-    ("FLOP-ideal", "ideal_speedup", ".2f", "x", True),
-    ("speedup / ideal", "efficiency", ".2f", "", True),
-    ("sliced speedup", "sliced_speedup", ".2f", "x", False),
-    ("vs plain", "plain_speedup", ".2f", "x", False),
-    ("vs transformers", "transformers_speedup", ".2f", "x", False),
-    # The family's lean inference copy (BERT: CompactBert): pruned copy against the dense copy.
-    ("lean dense ms", "lean_dense_latency_ms", ".3f", "", False),
-    ("lean pruned ms", "lean_latency_ms", ".3f", "", False),
-    ("lean speedup", "lean_speedup", ".2f", "x", False),
-    ("lean / ideal", "lean_efficiency", ".2f", "", False),
-    ("lean vs transformers", "lean_transformers_speedup", ".2f", "x", False),
-    # ONNX Runtime (baa bench --onnx): the pruned graph against the dense graph, same runtime.
-    ("ORT dense ms", "onnx_dense_latency_ms", ".3f", "", False),
-    ("ORT pruned ms", "onnx_latency_ms", ".3f", "", False),
-    ("ORT speedup", "onnx_speedup", ".2f", "x", False),
-    ("ORT / ideal", "onnx_efficiency", ".2f", "", False),
-]
-
-
-def bench_table(result: dict[str, Any]) -> str:
-    """Markdown of a benchmark result (``bench.json``); tolerant of missing and extra fields."""
-    rows = [r for r in result.get("rows", []) if isinstance(r, dict)]
-    columns = [c for c in _BENCH_COLUMNS if c[4] or any(c[1] in r for r in rows)]
-    lines = []
-    setting = result.get("setting") if isinstance(result.get("setting"), dict) else {}
-    if setting.get("dense_reference"):
-        lines += [f"Dense reference: {setting['dense_reference']}.", ""]
-    # Under budget_scope all, rows of both scopes (heads only, and heads + FFN) stand side by side.
-    scoped = any(r.get("scope") for r in rows)
-    ffn = any(r.get("ffn_per_layer") is not None for r in rows)
-    header = [c[0] for c in columns[:1]] + (["scope"] if scoped else []) + [c[0] for c in columns[1:4]] + ["heads kept"]
-    header += (["FFN neurons per layer", "FLOPs"] if ffn else []) + [c[0] for c in columns[4:]]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-    for r in rows:
-        heads = ""
-        if r.get("heads_kept") is not None:
-            heads = str(r["heads_kept"]) + (f" {r['heads_per_layer']}" if r.get("heads_per_layer") is not None else "")
-        cells = [_num(r, c[1], c[2], c[3]) for c in columns]
-        extra = []
-        if ffn:
-            widths = r.get("ffn_per_layer")
-            extra = ["all" if widths is None else str(widths), _num({"f": 100 * r["flops_fraction"]} if isinstance(r.get("flops_fraction"), (int, float)) else {}, "f", ".0f", "%")]
-        scope = [str(r.get("scope", "heads"))] if scoped else []
-        lines.append("| " + " | ".join(cells[:1] + scope + cells[1:4] + [heads] + extra + cells[4:]) + " |")
-    overhead = [o for o in result.get("gate_overhead", []) if isinstance(o, dict)]
-    if overhead:
-        lines += ["", "| batch | seq | plain dense ms | gated model at b=1 ms | overhead |", "|---:|---:|---:|---:|---:|"]
-        for o in overhead:
-            over = _num({"o": 100 * o["overhead"]} if isinstance(o.get("overhead"), (int, float)) else {}, "o", "+.1f", "%")
-            lines.append(
-                f"| {_num(o, 'batch_size', 'd')} | {_num(o, 'seq_len', 'd')} | {_num(o, 'plain_latency_ms', '.3f')} | "
-                f"{_num(o, 'gated_b1_latency_ms', '.3f')} | {over} |"
-            )
-    switch = result.get("switch")
-    if isinstance(switch, dict) and isinstance(switch.get("switch_ms"), (int, float)):
-        lines += ["", f"Budget switch (sliced layout): {1000 * switch['switch_ms']:.1f} µs median."]
-        if setting.get("sliced"):
-            lines += ["", f"Sliced layout: runs the {setting['sliced']}."]
-    if setting.get("lean"):
-        lines += ["", f"Lean: {setting['lean']}; lean speedup = the lean dense copy's latency over the lean pruned copy's "
-                  "(like for like); lean vs transformers = the unmodified transformers model's latency over the lean pruned copy's "
-                  "(the runtime's gain included)."]
-    if setting.get("onnx"):
-        lines += ["", f"ORT: {setting['onnx']}; ORT speedup = the dense graph's latency over the pruned graph's."]
-    timing = [str(setting[k]) for k in ("timer",) if setting.get(k)]
-    if setting.get("rounds") is not None:
-        timing.append(f"{setting['rounds']} round(s)")
-    if timing:
-        lines += ["", "Timing: " + ", ".join(timing) + "."]
-    return "\n".join(lines) + "\n"
 
 
 def _relative_link(target: Path, out: Path | None) -> str:

@@ -1,0 +1,143 @@
+"""Markdown of a benchmark result (``bench.json``): the one renderer of ``baa bench``'s output,
+the experiments' ``bench.md`` and the speed sections of ``baa report``.
+
+Tolerant of missing and extra fields (run directories written by older versions): a column is
+shown when it is always shown or some row has its field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (header, key, format, suffix, always shown)
+Column = tuple[str, str, str, str, bool]
+
+_LEADING: list[Column] = [
+    ("budget", "budget", ".2f", "", True),
+    ("batch", "batch_size", "d", "", True),
+    ("seq", "seq_len", "d", "", True),
+    ("threads", "threads", "d", "", True),
+]
+_TIMED: list[Column] = [
+    ("dense ms", "dense_latency_ms", ".3f", "", True),
+    ("pruned ms", "latency_ms", ".3f", "", True),
+    ("speedup", "speedup", ".2f", "x", True),
+    ("FLOP-ideal", "ideal_speedup", ".2f", "x", True),
+    ("speedup / ideal", "efficiency", ".2f", "", True),
+    ("sliced speedup", "sliced_speedup", ".2f", "x", False),
+]
+# The family's lean inference copy (CompactEncoder, CompactBert): pruned copy against the dense copy.
+_LEAN: list[Column] = [
+    ("lean dense ms", "lean_dense_latency_ms", ".3f", "", False),
+    ("lean pruned ms", "lean_latency_ms", ".3f", "", False),
+    ("lean speedup", "lean_speedup", ".2f", "x", False),
+    ("lean / ideal", "lean_efficiency", ".2f", "", False),
+]
+# ONNX Runtime (baa bench --onnx): the pruned graph against the dense graph, same runtime.
+_ONNX: list[Column] = [
+    ("ORT dense ms", "onnx_dense_latency_ms", ".3f", "", False),
+    ("ORT pruned ms", "onnx_latency_ms", ".3f", "", False),
+    ("ORT speedup", "onnx_speedup", ".2f", "x", False),
+    ("ORT / ideal", "onnx_efficiency", ".2f", "", False),
+]
+
+
+def num(row: dict[str, Any], key: str, fmt: str, suffix: str = "") -> str:
+    """``row[key]`` formatted, or "" when it is missing or not a number."""
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return ""
+    return f"{value:{fmt}}{suffix}"
+
+
+def _references(setting: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """Library references the rows were timed against (``vs <name>`` columns), in the setting's
+    order; older records name none, so names are also read from the row keys."""
+    names = [str(n) for n in setting.get("library_references", []) if isinstance(n, str)]
+    for name in ("plain", "transformers"):
+        if name not in names and any(f"{name}_speedup" in row for row in rows):
+            names.append(name)
+    return names
+
+
+def _columns(setting: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[list[Column], list[Column]]:
+    """(leading, trailing) columns: trailing are the timings, references, lean and ORT columns."""
+    references = _references(setting, rows)
+    trailing = _TIMED[:5] + [(f"vs {name}", f"{name}_speedup", ".2f", "x", False) for name in references] + _TIMED[5:]
+    trailing += _LEAN + [(f"lean vs {name}", f"lean_{name}_speedup", ".2f", "x", False) for name in references] + _ONNX
+    shown = lambda column: column[4] or any(column[1] in r for r in rows)  # noqa: E731
+    return [c for c in _LEADING if shown(c)], [c for c in trailing if shown(c)]
+
+
+def bench_table(result: dict[str, Any]) -> str:
+    """Markdown tables of a benchmark result: one row per (budget, scope, input, batch, seq), then
+    the gate overhead, the switch time and notes on the runtimes."""
+    rows = [r for r in result.get("rows", []) if isinstance(r, dict)]
+    setting = result.get("setting") if isinstance(result.get("setting"), dict) else {}
+    leading, trailing = _columns(setting, rows)
+    lines = []
+    if setting.get("dense_reference"):
+        lines += [f"Dense reference: {setting['dense_reference']}.", ""]
+    # Under budget_scope all, rows of both scopes (heads only, and heads + FFN) stand side by side.
+    scoped = any(r.get("scope") for r in rows)
+    lengths = any(r.get("input") not in (None, "random") for r in rows)
+    ffn = any(r.get("ffn_per_layer") is not None for r in rows)
+    header = [leading[0][0]] + (["scope"] if scoped else []) + (["input"] if lengths else []) + [c[0] for c in leading[1:]]
+    header += ["heads kept"] + (["FFN neurons per layer", "FLOPs"] if ffn else []) + [c[0] for c in trailing]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+    for r in rows:
+        cells = [num(r, c[1], c[2], c[3]) for c in leading]
+        head = cells[:1] + ([str(r.get("scope", "heads"))] if scoped else []) + ([str(r.get("input", "random"))] if lengths else [])
+        heads = ""
+        if r.get("heads_kept") is not None:
+            heads = str(r["heads_kept"]) + (f" {r['heads_per_layer']}" if r.get("heads_per_layer") is not None else "")
+        extra = []
+        if ffn:
+            widths = r.get("ffn_per_layer")
+            flops = {"f": 100 * r["flops_fraction"]} if isinstance(r.get("flops_fraction"), (int, float)) else {}
+            extra = ["all" if widths is None else str(widths), num(flops, "f", ".0f", "%")]
+        lines.append("| " + " | ".join(head + cells[1:] + [heads] + extra + [num(r, c[1], c[2], c[3]) for c in trailing]) + " |")
+    lines += _overhead_lines(result, lengths)
+    lines += _notes(result, setting, rows)
+    return "\n".join(lines) + "\n"
+
+
+def _overhead_lines(result: dict[str, Any], lengths: bool) -> list[str]:
+    """The gate code's cost at b = 1 (gated model against the plain reference)."""
+    overhead = [o for o in result.get("gate_overhead", []) if isinstance(o, dict)]
+    if not overhead:
+        return []
+    header = (["input"] if lengths else []) + ["batch", "seq", "plain dense ms", "gated model at b=1 ms", "overhead"]
+    lines = ["", "| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+    for o in overhead:
+        over = num({"o": 100 * o["overhead"]} if isinstance(o.get("overhead"), (int, float)) else {}, "o", "+.1f", "%")
+        cells = ([str(o.get("input", "random"))] if lengths else []) + [
+            num(o, "batch_size", "d"), num(o, "seq_len", "d"), num(o, "plain_latency_ms", ".3f"), num(o, "gated_b1_latency_ms", ".3f"), over,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _notes(result: dict[str, Any], setting: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """Switch time, layouts, runtimes and timing method, a paragraph each."""
+    lines: list[str] = []
+    switch = result.get("switch")
+    if isinstance(switch, dict) and isinstance(switch.get("switch_ms"), (int, float)):
+        lines += ["", f"Budget switch (sliced layout): {1000 * switch['switch_ms']:.1f} µs median."]
+        if setting.get("sliced"):
+            lines += ["", f"Sliced layout: runs the {setting['sliced']}."]
+    if setting.get("lean"):
+        lines += ["", f"Lean: {setting['lean']}; lean speedup = the lean dense copy's latency over the lean pruned copy's "
+                  "(like for like); lean vs a library reference = that reference's latency over the lean pruned copy's "
+                  "(the runtime's gain included)."]
+    if setting.get("onnx"):
+        lines += ["", f"ORT: {setting['onnx']}; ORT speedup = the dense graph's latency over the pruned graph's."]
+    if any(r.get("input") == "lengths" for r in rows):
+        lines += ["", "`lengths` rows: padded batches whose lengths are sampled from the data set; seq = mean padded length, "
+                  f"latency per batch over {setting.get('length_batches')} batches."]
+    timing = [str(setting[k]) for k in ("timer",) if setting.get(k)]
+    if setting.get("rounds") is not None:
+        timing.append(f"{setting['rounds']} round(s)")
+    if timing:
+        lines += ["", "Timing: " + ", ".join(timing) + "."]
+    return lines
