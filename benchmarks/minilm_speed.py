@@ -15,7 +15,8 @@ import warnings
 import torch
 
 from budgeted_attention.benchmark.config import BenchConfig
-from budgeted_attention.benchmark.runner import bench_markdown, bench_ranking
+from budgeted_attention.benchmark.runner import bench_ranking
+from budgeted_attention.reporting.bench_table import bench_table
 from budgeted_attention.hf.bert import load_gated_bert, minilm_path
 from budgeted_attention.pruning.selection import HeadRanking
 
@@ -41,7 +42,7 @@ def main() -> None:
         min_run_time=0.3,
         include_sliced=False,
     )
-    print(bench_markdown(bench_ranking(model, ranking, cfg, low_id=1000, progress=False)))
+    print(bench_table(bench_ranking(model, ranking, cfg, low_id=1000, progress=False)))
 
 
 if __name__ == "__main__":

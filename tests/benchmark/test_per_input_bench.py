@@ -63,3 +63,22 @@ def test_rows_time_the_static_slice_at_batch_one_only(batch_size):
         assert row["static_latency_ms"] is None and row["routing_share"] is None
         assert row["lean_latency_ms"] is None and row["lean_efficiency"] is None
     assert model.router is not None and model._active == model.heads_per_layer
+
+
+def test_lean_timings_run_the_lean_copies(monkeypatch):
+    """The lean columns time the lean copy: routed calls with head sets, static-slice calls
+    with prefixes; never a silent fallback to the module tree."""
+    from budgeted_attention.model.compact import CompactEncoder
+
+    calls = {"sets": set(), "prefix": set()}  # the copies called each way
+    forward = CompactEncoder.forward
+
+    def spy(self, *args, head_sets=None, **kwargs):
+        calls["sets" if head_sets is not None else "prefix"].add(id(self))
+        return forward(self, *args, head_sets=head_sets, **kwargs)
+
+    monkeypatch.setattr(CompactEncoder, "forward", spy)
+    (row,) = bench_per_input(_routed(), _routed().plain_reference(), _batches(1), [0.25], BenchConfig(rounds=1, min_run_time=0.01), method="capped-routing")
+    # one copy runs the routed sets (and its own dense pass), another the static slice's prefixes
+    assert len(calls["sets"]) == 1 and len(calls["prefix"]) == 2 and calls["sets"] < calls["prefix"]
+    assert row["lean_routing_share"] > 0

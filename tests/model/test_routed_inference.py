@@ -120,3 +120,48 @@ def test_needs_a_router_and_falls_back_without_a_lean_copy():
     ids, mask = _inputs(batch=1)
     with torch.no_grad():
         assert torch.allclose(runtime(ids, mask, budget=0.5), model(ids, mask, budget=0.5))
+
+
+def test_ffn_widths_set_on_the_model_reach_the_copy():
+    model = _routed(ffn_group_size=12)
+    runtime = RoutedInference(model)
+    ids, mask = _inputs(batch=1)
+    with torch.no_grad():
+        runtime(ids, mask, budget=0.5)
+        model.set_active(model.heads_per_layer, [1] * model.n_layers)  # narrower FFNs, every head
+        for budget in (0.5, 1.0):
+            assert torch.allclose(runtime(ids, mask, budget=budget), model(ids, mask, budget=budget), atol=1e-5)
+        assert [layer.ffn_width for layer in runtime.lean.layers] == model.active_ffn_widths()
+
+
+def test_training_steps_of_the_trainer_reach_the_copy():
+    """The trainer's fused AdamW writes weights without bumping their versions; it bumps them."""
+    from budgeted_attention.training.config import TrainConfig
+    from budgeted_attention.training.stages import train_dense
+
+    from budgeted_attention.data.dataset import Split
+
+    model = _routed("learned")
+    runtime = RoutedInference(model)
+    ids, mask = _inputs(batch=1)
+    with torch.no_grad():
+        runtime(ids, mask)  # a cached head set and a built copy
+    before = runtime.lean
+    train_ids, train_mask = _inputs()
+    train = Split(train_ids, train_mask, torch.arange(train_ids.shape[0]) % model.config.n_classes)
+    train_dense(model, train, TrainConfig(dense_steps=2, batch_size=4, lr=0.05), seed=0, progress=False)
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(runtime(ids, mask), model(ids, mask), atol=1e-5)
+    assert runtime.lean is not before
+
+
+def test_runtime_train_then_model_eval_still_serves_through_the_copy():
+    model = _routed()
+    runtime = RoutedInference(model)
+    runtime.train()  # reaches the model; the copy is not a child module and stays in eval mode
+    model.eval()
+    ids, mask = _inputs(batch=1)
+    with torch.no_grad():
+        assert runtime.current_lean() is runtime.lean and not runtime.lean.training
+        assert torch.allclose(runtime(ids, mask, budget=0.5), model(ids, mask, budget=0.5), atol=1e-5)

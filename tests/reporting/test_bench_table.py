@@ -27,6 +27,8 @@ def test_lengths_rows_references_and_lean_columns():
 
 
 def test_older_records_without_input_scope_or_ffn_fields():
+    heads_scope = bench_table({"rows": [{**_row(scope="heads"), "ffn_per_layer": None, "flops_fraction": 0.62}]})
+    assert "| FFN neurons per layer |" not in heads_scope and "| 8 [2, 2, 2, 2] | 62% |" in heads_scope  # FLOPs kept without FFN widths
     row = {k: v for k, v in _row().items() if k not in ("scope", "input", "ffn_per_layer", "flops_fraction")}
     text = bench_table({"rows": [row], "gate_overhead": [{"batch_size": 1, "seq_len": 128, "overhead": "bad"}]})
     assert text.splitlines()[0] == "| budget | batch | seq | threads | heads kept | dense ms | pruned ms | speedup | FLOP-ideal | speedup / ideal |"

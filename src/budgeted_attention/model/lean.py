@@ -130,7 +130,9 @@ class LeanCopy(nn.Module):
     def is_current(self, model: nn.Module) -> bool:
         """True while ``model`` (the one copied) has had no surgery, no parameter replaced, moved,
         converted or written in place since; about 10-20 µs. (Parameters added later, e.g. a
-        router, are not seen: callers check for those themselves.)"""
+        router, are not seen: callers check for those themselves. Nor are writes that bump no
+        version: edits through ``param.data``, and a fused optimiser's step unless the caller
+        bumps the versions with ``torch.autograd.graph.increment_version``, as our trainer does.)"""
         return (
             model.layout_version == self._layout_version
             and all(slots.get(name) is p for slots, name, p in self._slots)
@@ -151,6 +153,53 @@ class LeanCopy(nn.Module):
             raise ValueError(f"need one head count (and FFN width) per layer ({len(self.layers)}), got {heads} / {ffn_widths}")
         for index, layer in enumerate(self.layers):
             layer.set_active(heads[index], layer.ffn_width if ffn_widths is None else ffn_widths[index])
+
+
+class LeanFollower:
+    """A model's lean copy (:meth:`GatedModel.inference_module`), kept in step with the model, for
+    the runtimes that serve through one (:class:`~budgeted_attention.pruning.switching.SlicedModel`,
+    :class:`~budgeted_attention.model.routed_inference.RoutedInference`).
+
+    :meth:`current` hands out the copy only while the model is in eval mode and autograd is off;
+    a copy the model has outgrown (surgery, training steps, ``load_state_dict``, a replaced, moved
+    or converted parameter) is rebuilt first, or dropped when the model no longer has one; and its
+    active heads and FFN neurons follow the model's, however they were set. A plain object, not a
+    module: ``train()`` / ``to()`` on the runtime reach the model only, and the copy (always in
+    eval mode) is rebuilt from it when they changed it. Not seen: edits through ``param.data``
+    (their own version counter); build a new runtime after one.
+    """
+
+    def __init__(self, model: nn.Module, *, routed: bool = False) -> None:
+        self.model, self.routed = model, routed
+        self.copy = self._build()
+        self._counts = self._active_counts()
+
+    def _build(self) -> nn.Module | None:
+        # Outside inference mode, so the copy's own tensors (CompactBert's fused Q/K/V) have
+        # versions and their gathered head sets can be cached, wherever the rebuild happens.
+        with torch.inference_mode(False):
+            copy = self.model.inference_module(routed=self.routed)
+        return None if copy is self.model else copy.eval()
+
+    def _active_counts(self) -> tuple[list[int], list[int] | None]:
+        """(heads per layer, FFN neurons per layer or None) the model runs now."""
+        return self.model.active_heads(), self.model.active_ffn_widths()
+
+    def current(self) -> nn.Module | None:
+        """The copy, in step with the model, when it may serve now; None when the module tree runs.
+        Microseconds: the staleness check reads every parameter's slot, storage and version."""
+        if self.copy is None or self.model.training or torch.is_grad_enabled():
+            return None
+        counts = self._active_counts()
+        if not self.copy.is_current(self.model):
+            self.copy = self._build()
+            if self.copy is None:
+                return None
+            self._counts = counts  # a new copy runs the model's active prefixes
+        if counts != self._counts:
+            self.copy.set_active(*counts)
+            self._counts = counts
+        return self.copy
 
 
 def untrackable(model: nn.Module) -> str | None:

@@ -18,6 +18,7 @@ from torch import nn
 
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.gates import HeadSets
+from budgeted_attention.model.lean import LeanFollower
 
 
 class RoutedInference(nn.Module):
@@ -25,8 +26,9 @@ class RoutedInference(nn.Module):
 
     Equal to ``model(ids, mask, token_type_ids, budget=budget)`` up to float rounding. One input
     in eval mode without autograd runs through the lean copy; anything else through ``model``.
-    The copy is rebuilt when the model has changed since it was made (surgery, training steps,
-    ``load_state_dict``, a replaced, moved or converted parameter).
+    The copy is kept in step with the model by :class:`~budgeted_attention.model.lean.LeanFollower`
+    (rebuilt after surgery, training steps, ``load_state_dict``, a replaced, moved or converted
+    parameter; FFN widths follow ``model.set_active``).
 
     Example::
 
@@ -40,19 +42,19 @@ class RoutedInference(nn.Module):
         if model.router is None:
             raise ValueError("RoutedInference needs a model with a per-input head router (attach_router)")
         self.model = model
-        self.lean: nn.Module | None = self._lean_copy()
+        self._lean = LeanFollower(model, routed=True)
 
-    def _lean_copy(self) -> nn.Module | None:
-        copy = self.model.inference_module(routed=True)
-        return None if copy is self.model else copy
+    @property
+    def lean(self) -> nn.Module | None:
+        """The lean copy running one input's head sets (None: the module tree serves)."""
+        return self._lean.copy
 
     def current_lean(self) -> nn.Module | None:
-        """The lean copy when it may serve now, in step with the model; None when the module tree runs."""
-        if self.lean is None or self.model.training or self.model.router is None or self.model.router.training or torch.is_grad_enabled():
+        """The lean copy when it may serve now, in step with the model; None when the module tree
+        runs (training mode, autograd, a router in training mode, no lean copy)."""
+        if self.model.router is None or self.model.router.training:
             return None
-        if not self.lean.is_current(self.model):
-            self.lean = self._lean_copy()
-        return self.lean
+        return self._lean.current()
 
     def forward(
         self,

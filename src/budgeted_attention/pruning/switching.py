@@ -12,6 +12,7 @@ from torch import nn
 
 from budgeted_attention.budget import validate_budget
 from budgeted_attention.model.family import GatedModel
+from budgeted_attention.model.lean import LeanFollower
 from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import sort_heads
 
@@ -32,8 +33,7 @@ class SlicedModel(nn.Module):
         the module tree; soft gates, training and autograd always run the module tree."""
         super().__init__()
         self.model = sort_heads(model, ranking)
-        self.lean: nn.Module | None = self._lean_copy() if lean else None
-        self._lean_counts = self._active_counts()
+        self._lean = LeanFollower(self.model) if lean else None
         self.ranking = ranking
         self._counts_cache: dict[float, tuple[list[int], list[int] | None]] = {}
         self.budget = 1.0
@@ -72,33 +72,14 @@ class SlicedModel(nn.Module):
             return lean(input_ids, attention_mask, token_type_ids)
         return self.model(input_ids, attention_mask, token_type_ids, budget=budget)
 
+    @property
+    def lean(self) -> nn.Module | None:
+        """The lean copy serving hard selections (None: the module tree serves)."""
+        return None if self._lean is None else self._lean.copy
+
     def _current_lean(self) -> nn.Module | None:
-        """The lean copy, in step with the model, when it may serve; None when the module tree runs.
-
-        The wrapped model's mode decides (a new SlicedModel is in training mode whatever it wraps);
-        so do autograd and a router attached since. A copy whose model has since changed (surgery,
-        training steps, ``load_state_dict``, a replaced, moved or converted parameter) is rebuilt
-        (or dropped, when the model no longer has one), and its active prefixes follow the model's,
-        however they were set (``set_budget`` or ``self.model.set_active``): microseconds per call.
-        """
-        if self.lean is None or self.model.training or self.lean.training or torch.is_grad_enabled() or self.model.router is not None:
+        """The lean copy when it may serve this call (see :class:`LeanFollower`): hard selections
+        only, and never with a router attached since (a routed model picks heads per input)."""
+        if self._lean is None or self.model.router is not None:
             return None
-        counts = self._active_counts()
-        if not self.lean.is_current(self.model):
-            self.lean = self._lean_copy()
-            if self.lean is None:
-                return None
-            self._lean_counts = counts  # a new copy runs the model's active prefixes
-        if counts != self._lean_counts:
-            self.lean.set_active(*counts)
-            self._lean_counts = counts
-        return self.lean
-
-    def _lean_copy(self) -> nn.Module | None:
-        """The family's lean copy of the sorted model, or None where the family has none."""
-        copy = self.model.inference_module()
-        return None if copy is self.model else copy
-
-    def _active_counts(self) -> tuple[list[int], list[int] | None]:
-        """(heads per layer, FFN neurons per layer or None) the model runs now."""
-        return self.model.active_heads(), self.model.active_ffn_widths()
+        return self._lean.current()

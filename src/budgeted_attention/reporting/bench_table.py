@@ -82,8 +82,9 @@ def bench_table(result: dict[str, Any]) -> str:
     scoped = any(r.get("scope") for r in rows)
     lengths = any(r.get("input") not in (None, "random") for r in rows)
     ffn = any(r.get("ffn_per_layer") is not None for r in rows)
+    flops = any(isinstance(r.get("flops_fraction"), (int, float)) for r in rows)
     header = [leading[0][0]] + (["scope"] if scoped else []) + (["input"] if lengths else []) + [c[0] for c in leading[1:]]
-    header += ["heads kept"] + (["FFN neurons per layer", "FLOPs"] if ffn else []) + [c[0] for c in trailing]
+    header += ["heads kept"] + (["FFN neurons per layer"] if ffn else []) + (["FLOPs"] if flops else []) + [c[0] for c in trailing]
     lines += ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
     for r in rows:
         cells = [num(r, c[1], c[2], c[3]) for c in leading]
@@ -94,8 +95,10 @@ def bench_table(result: dict[str, Any]) -> str:
         extra = []
         if ffn:
             widths = r.get("ffn_per_layer")
-            flops = {"f": 100 * r["flops_fraction"]} if isinstance(r.get("flops_fraction"), (int, float)) else {}
-            extra = ["all" if widths is None else str(widths), num(flops, "f", ".0f", "%")]
+            extra.append("all" if widths is None else str(widths))
+        if flops:
+            fraction = {"f": 100 * r["flops_fraction"]} if isinstance(r.get("flops_fraction"), (int, float)) else {}
+            extra.append(num(fraction, "f", ".0f", "%"))
         lines.append("| " + " | ".join(head + cells[1:] + [heads] + extra + [num(r, c[1], c[2], c[3]) for c in trailing]) + " |")
     lines += _overhead_lines(result, lengths)
     lines += _notes(result, setting, rows)

@@ -219,6 +219,9 @@ def run_steps(
         if cfg.grad_clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
+        # A fused step writes the weights without bumping their version counters; the caches
+        # keyed on versions (gathered head sets, lean inference copies) must see the change.
+        torch.autograd.graph.increment_version([p for group in optimizer.param_groups for p in group["params"]])
         losses.append(float(loss.detach()) / scale if scale else float("nan"))
         if step % 20 == 0:
             bar.set_postfix(loss=f"{float(loss.detach()):.3f}", **{k: f"{v:.3f}" for k, v in info.items()})
