@@ -65,14 +65,17 @@ class LeanLayer(nn.Module):
         Q/K/V ``addmm``, SDPA, the output ``addmm`` with its bias; (batch * seq, d).
 
         ``heads``: None runs the active prefix; a head set (ascending stored positions, a
-        per-input router's choice for one input) runs those heads only, from weight rows
-        gathered once per set and cached while the weights are unchanged."""
+        per-input router's choice for one input) runs those heads only: adjacent heads from views
+        of the stored rows, any other set from weight rows gathered once per set and cached
+        while the weights are unchanged."""
         n, hd = self.running_heads(heads), self.head_dim
         qkv_weight, qkv_bias, out_weight_t = self.qkv_weight, self.qkv_bias, self.out_weight_t
-        if heads is not None and n != self.stored_heads:
+        first = 0 if heads is None else heads[0]
+        if heads is not None and heads[-1] - first + 1 != n:  # not one run of adjacent heads
             qkv_weight, qkv_bias, out_weight_t = self._gathered.get(heads, (qkv_weight, qkv_bias, out_weight_t), lambda: self._gather(heads))
-        elif n != self.stored_heads:  # a prefix of heads: contiguous views in this layout
-            qkv_weight, qkv_bias, out_weight_t = qkv_weight[: 3 * n * hd], qkv_bias[: 3 * n * hd], out_weight_t[: n * hd]
+        elif n != self.stored_heads:  # a run of adjacent heads (a prefix, say): contiguous views in this layout
+            rows = slice(3 * first * hd, 3 * (first + n) * hd)
+            qkv_weight, qkv_bias, out_weight_t = qkv_weight[rows], qkv_bias[rows], out_weight_t[first * hd : (first + n) * hd]
         q, k, v = torch.addmm(qkv_bias, h, qkv_weight.t()).view(batch, seq, n, 3, hd).permute(3, 0, 2, 1, 4).unbind(0)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, n, T, hd)
         return torch.addmm(self.out_bias, y.transpose(1, 2).reshape(batch * seq, n * hd), out_weight_t)
