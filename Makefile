@@ -47,6 +47,8 @@ results: $(STAMP)
 	$(BIN)/baa experiment --no-progress configs/routing_bbc_short.yaml
 	$(BIN)/baa experiment --no-progress configs/routing_demo.yaml
 	$(BIN)/baa experiment --no-progress configs/routing_minilm_bbc_short.yaml
+	$(BIN)/baa experiment --no-progress --threads 1 configs/routing_bbc_short.yaml --set 'methods=[dense,budgetformer,capped-routing]' --out runs/routing_bbc_short_speed
+	$(BIN)/baa experiment --no-progress --threads 1 configs/routing_minilm_bbc_short.yaml --set 'methods=[dense,budgetformer,capped-routing]' --out runs/routing_minilm_speed
 	$(BIN)/baa bench --no-progress runs/d256_all --onnx --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --threads 1 --rounds 5 --min-run-time 0.2 --json runs/d256_all/bench_onnx.json
 	$(BIN)/baa bench --no-progress runs/d256_all --onnx --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --threads 2 --rounds 5 --min-run-time 0.2 --json runs/d256_all/bench_onnx_t2.json
 	$(BIN)/baa bench --no-progress runs/d256_all --compile --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --threads 1 --rounds 5 --min-run-time 0.2 --json runs/d256_all/bench_compile.json
