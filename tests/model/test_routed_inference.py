@@ -170,3 +170,36 @@ def test_runtime_train_then_model_eval_still_serves_through_the_copy():
     with torch.no_grad():
         assert runtime.current_lean() is runtime.lean and not runtime.lean.training
         assert torch.allclose(runtime(ids, mask, budget=0.5), model(ids, mask, budget=0.5), atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["encoder", "bert"])
+def test_sets_with_gaps_run_run_by_run_once_the_cache_is_full(family):
+    """No room in the cache: gapped sets run per run of adjacent heads from views, same logits."""
+    from budgeted_attention.model.lean import _runs
+
+    assert _runs((0, 1, 3, 5, 6, 7)) == [(0, 2), (3, 4), (5, 8)] and _runs((2,)) == [(2, 3)]
+    if family == "bert":
+        pytest.importorskip("transformers")
+        from transformers import BertConfig, BertForSequenceClassification
+
+        from budgeted_attention.hf.bert import GatedBertClassifier
+
+        torch.manual_seed(0)
+        config = BertConfig(vocab_size=29, hidden_size=32, num_hidden_layers=2, num_attention_heads=8, intermediate_size=16, num_labels=3,
+                            attn_implementation="sdpa", initializer_range=0.2)
+        model = GatedBertClassifier(BertForSequenceClassification(config).eval())
+        router = model.attach_router(RouterConfig(mode="capped"))
+        with torch.no_grad():
+            router.scorer.weight.normal_(std=2.0)
+            router.controller[2].weight.normal_(std=2.0)
+        model.eval()
+    else:
+        model = _routed(n_heads=8, d_model=32)
+    runtime = RoutedInference(model)
+    for layer in runtime.lean.layers:
+        layer._gathered.max_bytes = 0
+    ids, mask = _inputs()
+    lean, tree, sets = _per_input(runtime, model, ids, mask, 0.5)
+    assert torch.allclose(lean, tree, atol=1e-5)
+    assert any(len(_runs(s)) > 1 for layer_sets in sets for s in layer_sets)  # gapped sets ran, run by run
+    assert all(len(layer._gathered) == 0 for layer in runtime.lean.layers)  # nothing was copied into the cache

@@ -40,19 +40,38 @@ class GatherCache:
         self, heads: tuple[int, ...], sources: tuple[torch.Tensor, ...], gather: Callable[[], tuple[torch.Tensor, ...]]
     ) -> tuple[torch.Tensor, ...]:
         """The tensors ``gather()`` returns for ``heads``, from the cache when ``sources`` are unchanged."""
+        entry = self.lookup(heads, sources)
+        if entry is None:
+            entry = gather()
+            self.put(heads, sources, entry)
+        return entry
+
+    def lookup(self, heads: tuple[int, ...], sources: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
+        """The cached tensors of ``heads`` (a hit), or None (a miss); a change of ``sources``
+        since the last call empties the cache first."""
         if any(t.is_inference() for t in sources):
-            return gather()
+            return None
         stamp = tuple((id(t), t.data_ptr(), t._version) for t in sources)
         if stamp != self._stamp:
             self.clear()
             self._stamp = stamp
         entry = self._entries.get(heads)
-        if entry is not None:
-            self.hits += 1
-            self._entries.move_to_end(heads)
-            return entry
-        self.misses += 1
-        entry = gather()
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(heads)
+        return entry
+
+    def room_for(self, nbytes: int) -> bool:
+        """True when an entry of ``nbytes`` fits without evicting another."""
+        return self._bytes + nbytes <= self.max_bytes
+
+    def put(self, heads: tuple[int, ...], sources: tuple[torch.Tensor, ...], entry: tuple[torch.Tensor, ...]) -> None:
+        """Keep ``entry`` for ``heads`` (gathered from ``sources`` as :meth:`lookup` last saw
+        them), evicting the least recently used entries beyond ``max_bytes``."""
+        if any(t.is_inference() for t in sources):
+            return
         size = sum(t.numel() * t.element_size() for t in entry)
         if size <= self.max_bytes:
             self._entries[heads] = entry
@@ -60,7 +79,6 @@ class GatherCache:
             while self._bytes > self.max_bytes:
                 _, dropped = self._entries.popitem(last=False)
                 self._bytes -= sum(t.numel() * t.element_size() for t in dropped)
-        return entry
 
     def clear(self) -> None:
         self._entries.clear()
