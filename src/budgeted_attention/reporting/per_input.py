@@ -30,15 +30,16 @@ def _budget_label(budget: Any, learned: bool = False) -> str:
 
 def _group_rows(
     bench_by_seed: dict[str, dict[str, Any]], keep: Callable[[dict[str, Any]], bool] = lambda row: True
-) -> dict[tuple, list[dict[str, Any]]]:
-    """Bench rows of every seed by (method, budget label, batch, seq), those ``keep`` accepts."""
+) -> list[tuple[tuple, list[dict[str, Any]]]]:
+    """Bench rows of every seed that ``keep`` accepts, grouped by (method, budget label, batch,
+    seq), in table order (method, batch, budget)."""
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for bench in bench_by_seed.values():
         for row in bench.get("rows", []):
             if keep(row):
                 key = (row["method"], _budget_label(row["budget"], row.get("learned_budget", False)), row["batch_size"], row["seq_len"])
                 groups[key].append(row)
-    return groups
+    return sorted(groups.items(), key=lambda item: (item[0][0], item[0][2], item[0][1]))
 
 
 def speed_table(bench_by_seed: dict[str, dict[str, Any]]) -> str:
@@ -49,7 +50,7 @@ def speed_table(bench_by_seed: dict[str, dict[str, Any]]) -> str:
         "static efficiency | routed / static |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for (method, budget, batch, seq), rows in sorted(groups.items(), key=lambda item: (item[0][0], item[0][2], item[0][1])):
+    for (method, budget, batch, seq), rows in groups:
         pick = lambda key: [float(r[key]) for r in rows]  # noqa: E731
         lines.append(
             f"| {method} | {budget} | {batch} | {seq} | {len(rows)} | {_mean_std(pick('mean_heads'))} | {_mean_std(pick('cost'), 3)} | "
@@ -70,7 +71,7 @@ def lean_table(bench_by_seed: dict[str, dict[str, Any]]) -> str:
         "lean static efficiency | routed / static | over plain dense |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for (method, budget, batch, seq), rows in sorted(groups.items(), key=lambda item: (item[0][0], item[0][2], item[0][1])):
+    for (method, budget, batch, seq), rows in groups:
         pick = lambda key: [float(r[key]) for r in rows]  # noqa: E731
         lines.append(
             f"| {method} | {budget} | {batch} | {seq} | {len(rows)} | {_mean_std(pick('lean_dense_latency_ms'), 3)} | "
