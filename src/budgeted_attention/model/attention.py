@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgeted_attention.model.gathered import GatherCache
+from budgeted_attention.model.gathered import GatherCache, gather_heads
 
 
 class GatedSelfAttention(nn.Module):
@@ -217,11 +217,7 @@ class GatedSelfAttention(nn.Module):
 
     def _gather(self, heads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(qkv_weight, qkv_bias, out_weight_t) rows of the physical heads ``heads`` (1-D long), copied."""
-        n, hd = int(heads.numel()), self.head_dim
-        qkv_weight = self.qkv_weight.view(self.n_heads, 3 * hd, self.d_model).index_select(0, heads).view(n * 3 * hd, self.d_model)
-        qkv_bias = self.qkv_bias.view(self.n_heads, 3 * hd).index_select(0, heads).view(-1)
-        out_weight_t = self.out_weight_t.view(self.n_heads, hd, self.d_model).index_select(0, heads).view(n * hd, self.d_model)
-        return qkv_weight, qkv_bias, out_weight_t
+        return gather_heads(self.qkv_weight, self.qkv_bias, self.out_weight_t, heads, self.head_dim)
 
     @torch.no_grad()
     def keep_heads(self, heads: list[int]) -> None:

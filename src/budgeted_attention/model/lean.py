@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgeted_attention.model.gathered import GatherCache
+from budgeted_attention.model.gathered import GatherCache, gather_heads
 
 
 def keep(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
@@ -79,7 +79,8 @@ class LeanLayer(nn.Module):
             if entry is None:
                 if not self._gathered.room_for(n * hd * (4 * qkv_weight.shape[1] + 3) * qkv_weight.element_size()):
                     return self._attend_runs(h, batch, seq, mask, scale, heads)
-                entry = self._gather(heads)
+                index = torch.tensor(heads, dtype=torch.long, device=qkv_weight.device)
+                entry = gather_heads(qkv_weight, qkv_bias, out_weight_t, index, hd)
                 self._gathered.put(heads, sources, entry)
             qkv_weight, qkv_bias, out_weight_t = entry
         elif n != self.stored_heads:  # a run of adjacent heads (a prefix, say): contiguous views in this layout
@@ -107,18 +108,6 @@ class LeanLayer(nn.Module):
             out = torch.addmm(self.out_bias, y[:, column : column + width], rows) if out is None else out.addmm_(y[:, column : column + width], rows)
             column += width
         return out
-
-    def _gather(self, heads: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(qkv_weight, qkv_bias, out_weight_t) rows of the stored heads ``heads``, copied: in this
-        layout each head's rows are one contiguous block."""
-        hd, d = self.head_dim, self.qkv_weight.shape[1]
-        index = torch.tensor(heads, dtype=torch.long, device=self.qkv_weight.device)
-        n = len(heads)
-        return (
-            self.qkv_weight.view(self.stored_heads, 3 * hd, d).index_select(0, index).view(n * 3 * hd, d),
-            self.qkv_bias.view(self.stored_heads, 3 * hd).index_select(0, index).view(n * 3 * hd),
-            self.out_weight_t.view(self.stored_heads, hd, -1).index_select(0, index).view(n * hd, -1),
-        )
 
     def feed_forward(self, h: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """The running FFN neurons (ffn_width > 0) over (batch * seq, d) states, second bias
