@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from budgeted_attention.benchmark.config import BenchConfig
-from budgeted_attention.benchmark.per_input import bench_per_input, selected_heads, static_slice
+from budgeted_attention.benchmark.per_input import LEAN_FIELDS, bench_per_input, selected_heads, static_slice
 from budgeted_attention.model.router import RouterConfig
 from budgeted_attention.model.transformer import EncoderClassifier
 
@@ -59,9 +59,13 @@ def test_rows_time_the_static_slice_at_batch_one_only(batch_size):
         assert row["lean_efficiency"] == pytest.approx(row["lean_speedup"] / row["ideal_speedup"])
         assert row["lean_plain_speedup"] == pytest.approx(row["dense_latency_ms"] / row["lean_latency_ms"])
         assert row["lean_routing_share"] == pytest.approx(row["lean_speedup"] / row["lean_static_speedup"])
+        # the same head sets decided before the timing: the routed pass without the router
+        assert row["lean_preset_latency_ms"] > 0
+        assert row["lean_preset_efficiency"] == pytest.approx(row["lean_dense_latency_ms"] / row["lean_preset_latency_ms"] / row["ideal_speedup"])
+        assert row["lean_decision_share"] == pytest.approx(row["lean_speedup"] / row["lean_preset_speedup"])
     else:
         assert row["static_latency_ms"] is None and row["routing_share"] is None
-        assert row["lean_latency_ms"] is None and row["lean_efficiency"] is None
+        assert all(row[key] is None for key in LEAN_FIELDS)
     assert model.router is not None and model._active == model.heads_per_layer
 
 

@@ -203,3 +203,22 @@ def test_sets_with_gaps_run_run_by_run_once_the_cache_is_full(family):
     assert torch.allclose(lean, tree, atol=1e-5)
     assert any(len(_runs(s)) > 1 for layer_sets in sets for s in layer_sets)  # gapped sets ran, run by run
     assert all(len(layer._gathered) == 0 for layer in runtime.lean.layers)  # nothing was copied into the cache
+
+
+def test_head_sets_decided_ahead_run_as_the_forward_pass():
+    """Deciding first and running later (the routed bench's preset run) is the forward pass."""
+    model = _routed()
+    runtime = RoutedInference(model)
+    ids, mask = _inputs()
+    with torch.no_grad():
+        for i in range(ids.shape[0]):
+            one, one_mask = ids[i : i + 1], mask[i : i + 1]
+            sets = runtime.head_sets(one, one_mask, budget=0.5)
+            assert len(sets) == model.n_layers and all(list(s) == sorted(s) for s in sets)
+            assert torch.equal(runtime.lean(one, one_mask, head_sets=sets), runtime(one, one_mask, budget=0.5))
+        assert runtime.head_sets(ids[:1], mask[:1], budget=1.0) is None  # a capped router at b = 1: every head
+        with pytest.raises(ValueError, match="one input, got a batch of 8"):
+            runtime.head_sets(ids, mask, budget=0.5)
+        model.router.train()
+        with pytest.raises(ValueError, match="eval mode"):
+            runtime.head_sets(ids[:1], mask[:1], budget=0.5)

@@ -71,6 +71,10 @@ def test_lean_table_shows_batch_one_routing_through_the_lean_copy_and_nothing_wi
         lean_plain_speedup=1.5, lean_static_speedup=11.0 / 7.5, lean_static_efficiency=1.17, lean_routing_share=0.94,
     )
     table = lean_table({"0": bench})
-    assert "| capped-routing | 0.5 | 1 | 64 | 1 | 11.000 | 8.000 | 1.38x | 1.25x | 1.10 | 1.17 | 0.94 | 1.50x |" in table
+    # a record from before the preset run: its columns stay empty
+    assert "| capped-routing | 0.5 | 1 | 64 | 1 | 11.000 | 8.000 | 1.38x | 1.25x | 1.10 |  |  | 1.17 | 0.94 | 1.50x |" in table
     assert "budgetformer" not in table  # its row has no lean timing
+    bench["rows"][0].update(lean_preset_latency_ms=7.0, lean_preset_speedup=11.0 / 7.0, lean_preset_efficiency=1.26, lean_decision_share=0.875)
+    table = lean_table({"0": bench, "1": _bench(1.0)})
+    assert "| 1.10 | 1.26 | 0.88 | 1.17 |" in table
     assert "lean inference copy" in routed_markdown({"bench": {"0": bench}})

@@ -11,7 +11,9 @@ At batch 1, where the family has a lean inference copy, the same decisions also 
 (:class:`~budgeted_attention.model.routed_inference.RoutedInference`), timed in the same rounds
 against the lean copy's own dense pass (like for like: ``lean_efficiency``) and, with its
 runtime gain, against the plain dense reference (``lean_plain_speedup``); the static slice runs
-through a lean copy too (``lean_static_*``).
+through a lean copy too (``lean_static_*``), and so do the same head sets decided before the
+timing (``lean_preset_*``: the routed pass without the router's decision, so
+``lean_decision_share`` = lean routed speedup / preset speedup is what deciding per input costs).
 
 At batch 1 a third model runs in the same interleaved rounds: the *static slice*, the same weights
 without the router, each input run with its own head count per layer as a prefix of the stored
@@ -90,20 +92,31 @@ def _lean_runtimes(model: GatedModel, static: GatedModel | None) -> tuple[Routed
     return runtime, static_lean.eval()
 
 
+# The row fields of the batch-1 lean runs (all None where the family has no lean copy).
+LEAN_FIELDS = (
+    "lean_latency_ms", "lean_dense_latency_ms", "lean_static_latency_ms", "lean_preset_latency_ms", "lean_speedup",
+    "lean_efficiency", "lean_plain_speedup", "lean_static_speedup", "lean_static_efficiency", "lean_routing_share",
+    "lean_preset_speedup", "lean_preset_efficiency", "lean_decision_share",
+)
+
+
 def _lean_fields(timed: dict[str, float], ideal: float) -> dict[str, float | None]:
     """Row fields of the lean runs (None where they were not timed)."""
     if "lean_routed" not in timed:
-        keys = ("lean_latency_ms", "lean_dense_latency_ms", "lean_static_latency_ms", "lean_speedup", "lean_efficiency",
-                "lean_plain_speedup", "lean_static_speedup", "lean_static_efficiency", "lean_routing_share")
-        return dict.fromkeys(keys)
+        return dict.fromkeys(LEAN_FIELDS)
     speedup = timed["lean_dense"] / timed["lean_routed"]
     static_speedup = timed["lean_dense"] / timed["lean_static"]
-    return {
+    preset_speedup = timed["lean_dense"] / timed["lean_preset"]
+    fields = {
         "lean_latency_ms": timed["lean_routed"], "lean_dense_latency_ms": timed["lean_dense"],
-        "lean_static_latency_ms": timed["lean_static"], "lean_speedup": speedup, "lean_efficiency": speedup / ideal,
+        "lean_static_latency_ms": timed["lean_static"], "lean_preset_latency_ms": timed["lean_preset"],
+        "lean_speedup": speedup, "lean_efficiency": speedup / ideal,
         "lean_plain_speedup": timed["dense"] / timed["lean_routed"], "lean_static_speedup": static_speedup,
         "lean_static_efficiency": static_speedup / ideal, "lean_routing_share": speedup / static_speedup,
+        "lean_preset_speedup": preset_speedup, "lean_preset_efficiency": preset_speedup / ideal,
+        "lean_decision_share": speedup / preset_speedup,
     }
+    return fields
 
 
 def bench_per_input(
@@ -133,7 +146,8 @@ def bench_per_input(
         batches, whose inputs have different counts that one slice cannot run. At batch 1 with a
         lean copy also ``lean_latency_ms``, ``lean_dense_latency_ms``, ``lean_speedup`` (lean
         dense over lean routed), ``lean_efficiency``, ``lean_plain_speedup`` (plain dense over
-        lean routed) and the lean static slice's ``lean_static_*`` / ``lean_routing_share``.
+        lean routed), the lean static slice's ``lean_static_*`` / ``lean_routing_share`` and the
+        preset run's ``lean_preset_*`` / ``lean_decision_share`` (:data:`LEAN_FIELDS`).
     """
     model.eval()
     reference.eval()
@@ -182,8 +196,11 @@ def bench_per_input(
 def _lean_functions(
     runtime: RoutedInference, static_lean: nn.Module, batches: Batches, counts: list[int], budget: float | None, full: list[int]
 ) -> dict[str, Any]:
-    """The lean runs of one budget: routed, the copy's dense pass, and the static slice."""
+    """The lean runs of one budget: routed, the copy's dense pass, the static slice, and the
+    preset run (the same head sets, decided before timing: the heads' cost without the router's)."""
     lean = runtime.lean
+    with torch.no_grad():
+        decided = [runtime.head_sets(ids, mask, budget=budget) for ids, mask in batches]
 
     def lean_routed() -> None:
         for ids, mask in batches:
@@ -193,4 +210,11 @@ def _lean_functions(
         for ids, mask in batches:
             lean(ids, mask)
 
-    return {"lean_routed": lean_routed, "lean_dense": lean_dense, "lean_static": functools.partial(_run_sliced, static_lean, full, batches, counts)}
+    def lean_preset() -> None:
+        for (ids, mask), sets in zip(batches, decided):
+            lean(ids, mask, head_sets=sets)
+
+    return {
+        "lean_routed": lean_routed, "lean_dense": lean_dense, "lean_preset": lean_preset,
+        "lean_static": functools.partial(_run_sliced, static_lean, full, batches, counts),
+    }

@@ -69,10 +69,32 @@ class RoutedInference(nn.Module):
         lean = self.current_lean() if input_ids.shape[0] == 1 else None
         if lean is None:
             return self.model(input_ids, attention_mask, token_type_ids, budget=budget)
+        return lean(input_ids, attention_mask, token_type_ids, head_sets=self.head_sets(input_ids, attention_mask, budget=budget))
+
+    def head_sets(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *, budget: float | None = None
+    ) -> list[tuple[int, ...]] | None:
+        """The router's decision for one input as the lean copy runs it: per layer, the stored
+        positions (ascending) of the heads it selected; None for every head (a capped router at
+        b = 1). ``lean(ids, mask, head_sets=runtime.head_sets(ids, mask, budget=b))`` is this
+        runtime's forward pass; deciding ahead and running later separates the router's cost from
+        the heads' (the routed benchmark's preset run).
+
+        Args:
+            input_ids: (1, seq) token ids of one input.
+            attention_mask: optional (1, seq) 0/1 mask.
+            budget: a capped router's caller budget; None for a learned router.
+
+        Raises:
+            ValueError: more than one input, or the router in training mode (it then gives soft
+                gates, not head sets).
+        """
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"head_sets decides for one input, got a batch of {input_ids.shape[0]}")
         padded = attention_mask is not None and not bool(attention_mask.all())
         _, decision = self.model.routed_gates(input_ids, attention_mask if padded else None, budget, None)
         if decision is None:  # a capped router at b = 1: the dense model
-            return lean(input_ids, attention_mask, token_type_ids)
-        if not isinstance(decision, HeadSets):  # pragma: no cover - one input in eval mode decides sets
-            return self.model(input_ids, attention_mask, token_type_ids, budget=budget)
-        return lean(input_ids, attention_mask, token_type_ids, head_sets=self.model.head_positions(decision))
+            return None
+        if not isinstance(decision, HeadSets):
+            raise ValueError("head sets are decided by a router in eval mode (call .eval() first)")
+        return self.model.head_positions(decision)

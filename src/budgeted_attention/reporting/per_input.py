@@ -68,23 +68,24 @@ def lean_table(bench_by_seed: dict[str, dict[str, Any]]) -> str:
         return ""
     lines = [
         "| method | budget | batch | seq | seeds | lean dense ms | lean routed ms | lean speedup | FLOP-ideal | lean efficiency | "
-        "lean static efficiency | routed / static | over plain dense |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "preset efficiency | routed / preset | lean static efficiency | routed / static | over plain dense |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (method, budget, batch, seq), rows in groups:
         pick = lambda key: [float(r[key]) for r in rows]  # noqa: E731
         lines.append(
             f"| {method} | {budget} | {batch} | {seq} | {len(rows)} | {_mean_std(pick('lean_dense_latency_ms'), 3)} | "
             f"{_mean_std(pick('lean_latency_ms'), 3)} | {_mean_std(pick('lean_speedup'), 2, 'x')} | {_mean_std(pick('ideal_speedup'), 2, 'x')} | "
-            f"{_mean_std(pick('lean_efficiency'))} | {_mean_std(pick('lean_static_efficiency'))} | {_mean_std(pick('lean_routing_share'))} | "
+            f"{_mean_std(pick('lean_efficiency'))} | {_static_cell(rows, 'lean_preset_efficiency')} | {_static_cell(rows, 'lean_decision_share')} | "
+            f"{_mean_std(pick('lean_static_efficiency'))} | {_mean_std(pick('lean_routing_share'))} | "
             f"{_mean_std(pick('lean_plain_speedup'), 2, 'x')} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def _static_cell(rows: list[dict[str, Any]], key: str, suffix: str = "") -> str:
-    """A static-slice column: timed at batch 1 only and absent from older records, so its seed
-    count is given when it differs from the row's."""
+    """A column timed at batch 1 only (static slice) or absent from older records (static slice,
+    preset run), so its seed count is given when it differs from the row's."""
     values = [float(r[key]) for r in rows if r.get(key) is not None]
     cell = _mean_std(values, 2, suffix)
     return f"{cell} ({len(values)} seeds)" if values and len(values) < len(rows) else cell
@@ -165,7 +166,9 @@ def routed_markdown(data: dict[str, Any]) -> str:
                 "The same batch-1 decisions through the family's lean inference copy (RoutedInference: the router "
                 "decides, one flat loop of the same kernels runs each input's head sets, their weight rows gathered "
                 "once per set and cached), in the same interleaved rounds. Lean speedup: the copy's own dense pass over "
-                "its routed pass (like for like); lean static efficiency: the static slice through a lean copy; over "
+                "its routed pass (like for like); preset efficiency: the lean copy running the same head sets decided "
+                "before the timing (the heads' cost without the router's), so routed / preset is what deciding per "
+                "input keeps of the saving; lean static efficiency: the static slice through a lean copy; over "
                 "plain dense: the plain dense reference over the lean routed pass (the runtime's own gain included). "
                 "Times: all timed inputs, one pass, ms.",
                 "",
