@@ -22,6 +22,7 @@ import yaml
 from budgeted_attention.errors import BAAError
 from budgeted_attention.io import atomic_path, write_text_atomic
 from budgeted_attention.reporting.bench_table import bench_table
+from budgeted_attention.reporting.ladder import ladder_markdown
 from budgeted_attention.reporting.results import LOSS_METRIC, aggregate, markdown_table, metric_of, routing_table
 from budgeted_attention.reporting.summary import headline, headline_markdown
 
@@ -254,6 +255,9 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
     if _has_soft_budgeted(run["rows"]) and not lm:
         lines += ["", f"### {run['name']}: headline (soft `budgeted` gates, operating points chosen on validation)", ""]
         lines.append(headline_markdown(headline(run["rows"])).rstrip("\n"))
+    ladder = ladder_markdown(run["rows"])
+    if ladder:
+        lines += ["", f"### {run['name']}: pruned models vs the ladder of smaller models at matched latency", "", ladder.rstrip("\n")]
     for bench_path, bench in run["benches"]:
         lines += ["", f"### {run['name']}: speed (`{bench_path.name}`)", ""]
         if bench.get("checkpoint"):

@@ -1,0 +1,134 @@
+"""One budget checkpoint against the ladder of separately trained smaller models, at matched latency.
+
+The ``ladder`` rows of a run are smaller dense models, each timed like the pruned models (same
+reference, same setting). For every ladder model and seed this module reads the accuracy of each
+pruned curve of the same seed (``budgeted-hard`` and any other physically pruned method, rows of
+cost kind ``kept-heads``)
+at the ladder model's measured speedup, by linear interpolation between the curve's budgets
+(the budget-1 model, the full architecture, counts as 1.00x: it is the reference's model). A
+ladder model faster than every budget of a curve has no match on it. Aggregated over seeds, the
+table says whether the curve is on or above each ladder model and whether the gap is within the
+seeds' spread. Test accuracies are only read here, never used to choose anything.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from budgeted_attention.reporting.results import display_method
+
+LADDER = "ladder"
+
+
+def _curve(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(speedup, test accuracy) points of one method and seed, ascending in speedup; budget 1
+    without a timing counts as 1.00x."""
+    points = []
+    for row in rows:
+        if row.get("accuracy") is None:
+            continue
+        if row.get("speedup") is not None:
+            points.append((float(row["speedup"]), float(row["accuracy"])))
+        elif float(row["budget"]) == 1.0:
+            points.append((1.0, float(row["accuracy"])))
+    return sorted(points)
+
+
+def interpolate(curve: list[tuple[float, float]], speedup: float) -> float | None:
+    """The curve's accuracy at ``speedup`` (linear between neighbouring points), or None outside
+    its range of speedups."""
+    if not curve or not curve[0][0] <= speedup <= curve[-1][0]:
+        return None
+    for (s0, a0), (s1, a1) in zip(curve, curve[1:]):
+        if s0 <= speedup <= s1:
+            return a0 if s1 == s0 else a0 + (a1 - a0) * (speedup - s0) / (s1 - s0)
+    return curve[0][1]  # a single point at exactly this speedup
+
+
+def _ladder_label(row: dict[str, Any]) -> str:
+    """A ladder model by its name, or its shape (layers, heads, FFN width), and its FLOP cost."""
+    cost = f"cost {float(row['budget']):.2f}"
+    if row.get("variant"):
+        return f"{row['variant']} ({cost})"
+    heads, ffn = row.get("heads_per_layer") or [], row.get("ffn_per_layer") or []
+    if heads and ffn:
+        return f"{len(heads)} layers, {heads[0]} heads, FFN {ffn[0]} ({cost})"
+    return f"{display_method(row)} ({cost})"
+
+
+def ladder_comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (curve method, ladder model): the per-seed pairs at matched speedup, aggregated.
+
+    Returns:
+        Dicts with ``method``, ``ladder`` (its label), ``seeds`` (ladder seeds), ``matched`` (seeds
+        with a match), ``speedup``, ``ladder_accuracy``, ``curve_accuracy`` and ``difference``
+        (curve minus ladder, accuracy points in [0, 1] units) as (mean, std) over matched seeds,
+        and ``above`` (matched seeds where the curve is on or above the ladder model).
+    """
+    ladder: dict[str, dict[Any, dict[str, Any]]] = defaultdict(dict)
+    curves: dict[str, dict[Any, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        if row["method"] == LADDER:
+            if row.get("speedup") is not None and row.get("accuracy") is not None:
+                ladder[_ladder_label(row)][row.get("seed")] = row
+        elif row.get("cost_kind") == "kept-heads":  # physically pruned: a curve of measured speed
+            curves[display_method(row)][row.get("seed")].append(row)
+    results = []
+    for method, by_seed in sorted(curves.items()):
+        if not any(row.get("speedup") is not None for seed_rows in by_seed.values() for row in seed_rows):
+            continue
+        for label, ladder_by_seed in sorted(ladder.items(), key=lambda item: statistics.fmean(float(r["speedup"]) for r in item[1].values())):
+            pairs = []
+            for seed, ladder_row in ladder_by_seed.items():
+                speedup = float(ladder_row["speedup"])
+                matched = interpolate(_curve(by_seed.get(seed, [])), speedup)
+                if matched is not None:
+                    pairs.append((speedup, float(ladder_row["accuracy"]), matched))
+            entry: dict[str, Any] = {"method": method, "ladder": label, "seeds": len(ladder_by_seed), "matched": len(pairs)}
+            if pairs:
+                for key, values in (("speedup", [p[0] for p in pairs]), ("ladder_accuracy", [p[1] for p in pairs]),
+                                    ("curve_accuracy", [p[2] for p in pairs]), ("difference", [p[2] - p[1] for p in pairs])):
+                    entry[key] = (statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0)
+                entry["above"] = sum(p[2] >= p[1] for p in pairs)
+            else:
+                entry["speedup"] = (statistics.fmean(float(r["speedup"]) for r in ladder_by_seed.values()), 0.0)
+            results.append(entry)
+    return results
+
+
+def _verdict(entry: dict[str, Any]) -> str:
+    if not entry["matched"]:
+        return "no match: faster than every budget"
+    mean, std = entry["difference"]
+    side = "on or above" if mean >= 0 else "below"
+    spread = " (within the seeds' spread)" if abs(mean) <= std else ""
+    return f"{side}{spread}; above in {entry['above']} of {entry['matched']} seeds"
+
+
+def ladder_markdown(rows: list[dict[str, Any]]) -> str:
+    """The comparison as a Markdown table with its explanation; "" without ladder rows or a timed curve."""
+    comparison = ladder_comparison(rows)
+    if not comparison:
+        return ""
+    pct = lambda pair: f"{100 * pair[0]:.2f} ± {100 * pair[1]:.2f}"  # noqa: E731
+    lines = [
+        "Each ladder model (a separately trained smaller dense model) against each pruned curve of the same "
+        "seed at the ladder model's measured speedup: the curve's test accuracy is interpolated linearly "
+        "between its budgets (budget 1 counts as 1.00x); mean ± std over the seeds with a match; difference "
+        "= curve − ladder in points.",
+        "",
+        "| curve | ladder model | matched seeds | ladder speedup | ladder test acc. % | curve at that speedup, test acc. % | difference | verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for entry in comparison:
+        speedup = f"{entry['speedup'][0]:.2f}x"
+        if entry["matched"]:
+            cells = [pct(entry["ladder_accuracy"]), pct(entry["curve_accuracy"]),
+                     f"{100 * entry['difference'][0]:+.2f} ± {100 * entry['difference'][1]:.2f}"]
+        else:
+            cells = ["", "", ""]
+        lines.append(f"| {entry['method']} | {entry['ladder']} | {entry['matched']} of {entry['seeds']} | {speedup} | "
+                     f"{' | '.join(cells)} | {_verdict(entry)} |")
+    return "\n".join(lines) + "\n"

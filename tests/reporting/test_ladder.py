@@ -1,0 +1,51 @@
+"""The ladder comparison: each pruned curve read at each ladder model's measured speedup, per seed."""
+
+import pytest
+
+from budgeted_attention.reporting.ladder import interpolate, ladder_comparison, ladder_markdown
+
+
+def _hard(seed, budget, accuracy, speedup):
+    return {"method": "budgeted-hard", "budget": budget, "seed": seed, "accuracy": accuracy, "speedup": speedup, "cost_kind": "kept-heads"}
+
+
+def _ladder(seed, cost, accuracy, speedup, variant=None, heads=None, ffn=None):
+    return {"method": "ladder", "budget": cost, "seed": seed, "accuracy": accuracy, "speedup": speedup,
+            "cost_kind": "smaller-dense", "variant": variant, "heads_per_layer": heads, "ffn_per_layer": ffn}
+
+
+def _rows():
+    rows = []
+    for seed, shift in ((0, 0.0), (1, 0.02)):
+        rows += [_hard(seed, 1.0, 0.90 + shift, None), _hard(seed, 0.5, 0.80 + shift, 2.0), _hard(seed, 0.25, 0.70 + shift, 3.0)]
+        rows += [_ladder(seed, 0.6, 0.84, 1.5), _ladder(seed, 0.3, 0.80, 2.5, heads=[4, 4], ffn=[64, 64]), _ladder(seed, 0.1, 0.60, 5.0, "small")]
+    rows += [{"method": "budgeted", "budget": 0.5, "seed": 0, "accuracy": 0.99, "speedup": None, "cost_kind": "soft-estimate"}]
+    return rows
+
+
+def test_interpolate_inside_at_the_ends_and_outside():
+    curve = [(1.0, 0.9), (2.0, 0.8)]
+    assert interpolate(curve, 1.5) == pytest.approx(0.85)
+    assert interpolate(curve, 1.0) == 0.9 and interpolate(curve, 2.0) == 0.8
+    assert interpolate(curve, 2.5) is None and interpolate([], 1.0) is None
+
+
+def test_each_ladder_model_is_matched_per_seed_at_its_speedup():
+    by_ladder = {entry["ladder"]: entry for entry in ladder_comparison(_rows())}
+    assert set(by_ladder) == {"ladder (cost 0.60)", "2 layers, 4 heads, FFN 64 (cost 0.30)", "small (cost 0.10)"}  # no soft curve
+    slow = by_ladder["ladder (cost 0.60)"]  # 1.5x: the curve reads 0.85 / 0.87 against 0.84
+    assert slow["matched"] == 2 and slow["above"] == 2
+    assert slow["curve_accuracy"][0] == pytest.approx(0.86) and slow["difference"][0] == pytest.approx(0.02)
+    mid = by_ladder["2 layers, 4 heads, FFN 64 (cost 0.30)"]  # 2.5x: 0.75 / 0.77 against 0.80
+    assert mid["above"] == 0 and mid["difference"][0] == pytest.approx(-0.04)
+    fast = by_ladder["small (cost 0.10)"]  # 5x: faster than every budget
+    assert fast["matched"] == 0 and fast["speedup"][0] == pytest.approx(5.0)
+
+
+def test_markdown_gives_a_verdict_per_row_and_nothing_without_a_ladder():
+    table = ladder_markdown(_rows())
+    assert "| budgeted-hard | ladder (cost 0.60) | 2 of 2 | 1.50x | 84.00 ± 0.00 | 86.00 ± 1.41 | +2.00 ± 1.41 | on or above; above in 2 of 2 seeds |" in table
+    assert "below; above in 0 of 2 seeds" in table
+    assert "no match: faster than every budget" in table
+    assert ladder_markdown([row for row in _rows() if row["method"] != "ladder"]) == ""
+    assert ladder_markdown([row for row in _rows() if row["method"] == "ladder"]) == ""
