@@ -2,7 +2,9 @@
 
 Timing on a shared CPU is noisy, so every model of a comparison is timed in the same process,
 round-robin (the order rotates each round), after warm-up, with a fixed thread count; the
-reported latency is the median over rounds of each round's median.
+reported latency is the median over rounds of each round's median. Freed heap memory stays in the
+process while timing (:mod:`~budgeted_attention.benchmark.allocator`), so a model with larger
+activations does not pay page faults the others do not.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from collections.abc import Callable
 
 import torch
 import torch.utils.benchmark as benchmark
+
+from budgeted_attention.benchmark.allocator import keep_freed_memory
 
 
 def measure_interleaved(
@@ -31,6 +35,7 @@ def measure_interleaved(
         min_run_time: seconds per ``blocked_autorange`` call.
         warmup: untimed calls per function before the first round.
     """
+    keep_freed_memory()
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from budgeted_attention.benchmark.allocator import keep_freed_memory
 from budgeted_attention.benchmark.config import BenchConfig
 from budgeted_attention.benchmark.latency import measure_interleaved
 from budgeted_attention.model.family import GatedModel
@@ -181,7 +182,7 @@ def bench_per_input(
         rows.append({
             "method": method, "budget": 1.0 if budget is None else budget, "learned_budget": budget is None,
             "batch_size": batch_size, "seq_len": max(lengths), "mean_seq_len": sum(lengths) / len(lengths),
-            "threads": cfg.threads, "inputs": len(heads), "input": "validation",
+            "threads": cfg.threads, "allocator": keep_freed_memory(), "inputs": len(heads), "input": "validation",
             "latency_ms": timed["routed"], "dense_latency_ms": timed["dense"], "speedup": speedup,
             "ideal_speedup": ideal, "efficiency": speedup / ideal, "mean_heads": sum(heads) / len(heads),
             "cost": sum(heads) / (len(heads) * model.n_heads),

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from budgeted_attention.benchmark.allocator import keep_freed_memory
 from budgeted_attention.benchmark.config import BenchConfig
 from budgeted_attention.benchmark.inputs import length_batches, random_ids
 from budgeted_attention.benchmark.latency import cuda_graph, measure_interleaved, measure_interleaved_cuda, time_call
@@ -187,6 +188,7 @@ def bench_models(
             "timer": "torch.utils.benchmark blocked_autorange, interleaved, median of round medians"
             + (", torch.compile of the references, pruned models and lean copies (the gated model and the sliced layout run eager)" if cfg.compile else ""),
             "compile": cfg.compile,
+            "allocator": keep_freed_memory(),
             "dense_reference": f"{type(plain).__name__}: same weights and kernels, no gate code",
             "library_references": sorted(references),
             "length_batches": LENGTH_BATCHES if lengths else 0,

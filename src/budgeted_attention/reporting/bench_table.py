@@ -143,4 +143,6 @@ def _notes(result: dict[str, Any], setting: dict[str, Any], rows: list[dict[str,
         timing.append(f"{setting['rounds']} round(s)")
     if timing:
         lines += ["", "Timing: " + ", ".join(timing) + "."]
+    if setting.get("allocator"):
+        lines += ["", f"Allocator: {setting['allocator']}."]
     return lines

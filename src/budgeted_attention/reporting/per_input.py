@@ -160,6 +160,9 @@ def routed_markdown(data: dict[str, Any]) -> str:
             "",
             speed_table(data["bench"]),
         ]
+        allocators = sorted({row["allocator"] for bench in data["bench"].values() for row in bench.get("rows", []) if row.get("allocator")})
+        if allocators:
+            parts += [f"Allocator: {'; '.join(allocators)}.", ""]
         lean = lean_table(data["bench"])
         if lean:
             parts += [
