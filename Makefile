@@ -57,7 +57,7 @@ results: $(STAMP)
 		--arrivals bursty,poisson --modes slo --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 --capacity-budgets 0.5,0.25,0.1 --repeats 3
 	$(BIN)/baa demo --no-progress --config configs/d256_all_skip.yaml --out runs/d256_all_skip
 	$(BIN)/baa bench --no-progress runs/d256_all_skip --compile --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --threads 1 --rounds 5 --min-run-time 0.2 --json runs/d256_all_skip/bench_compile.json
-	$(BIN)/python benchmarks/op_profile.py runs/d256_all_skip --budget 0.25 --batch-size 1 --seq-len 128
+	$(BIN)/python benchmarks/op_profile.py runs/d256_all_skip --budget 0.25 --batch-size 1 --seq-len 128 > runs/d256_all_skip/op_profile.txt
 	$(BIN)/baa experiment --no-progress configs/bbc_short_all_skip.yaml
 	$(BIN)/baa experiment --no-progress configs/minilm_bbc_short_all.yaml --set 'seeds=[0]' --set 'methods=[dense,budgeted,budgeted-hard]' --out runs/minilm_all_seed0
 	$(BIN)/baa bench --no-progress runs/minilm_all_seed0 --compile --budgets 0.25,0.5 --batch-sizes 1 --seq-lens 128 --threads 1 --rounds 5 --min-run-time 0.2 --json runs/minilm_all_seed0/bench_compile_b1.json

@@ -46,6 +46,28 @@ def test_markdown_gives_a_verdict_per_row_and_nothing_without_a_ladder():
     table = ladder_markdown(_rows())
     assert "| budgeted-hard | ladder (cost 0.60) | 2 of 2 | 1.50x | 84.00 ± 0.00 | 86.00 ± 1.41 | +2.00 ± 1.41 | on or above; above in 2 of 2 seeds |" in table
     assert "below; above in 0 of 2 seeds" in table
-    assert "no match: faster than every budget" in table
+    assert "no match in 2 seeds: faster than every budget" in table
     assert ladder_markdown([row for row in _rows() if row["method"] != "ladder"]) == ""
     assert ladder_markdown([row for row in _rows() if row["method"] == "ladder"]) == ""
+
+
+def test_a_model_without_a_match_says_why_and_one_seed_has_no_spread():
+    rows = [_hard(0, 1.0, 0.90, 1.05), _hard(0, 0.5, 0.80, 2.0), _hard(1, 1.0, 0.90, None), _hard(1, 0.5, 0.80, 2.0)]
+    rows += [_ladder(0, 0.9, 0.95, 1.02), _ladder(1, 0.9, 0.95, 1.5)]  # seed 0: slower than its full model
+    rows += [_ladder(2, 0.6, 0.70, 1.5)]  # seed 2 has no curve
+    rows += [_ladder(0, 0.5, float("nan"), 1.5)]  # a NaN accuracy is no ladder point
+    (entry,) = [e for e in ladder_comparison(rows) if e["ladder"] == "ladder (cost 0.90)"]
+    assert entry["matched"] == 1 and entry["unmatched"] == {"slower than the full model": 1}
+    table = ladder_markdown(rows)
+    assert "below (1 seed, no spread); above in 0 of 1 seeds; no match in 1 seed: slower than the full model |" in table
+    assert "no match in 1 seed: no curve for the seed |" in table
+    assert "nan" not in table and "cost 0.50" not in table
+
+
+def test_a_gap_smaller_than_the_seeds_spread_is_marked():
+    rows = []
+    for seed, accuracy in ((0, 0.83), (1, 0.88)):  # the curve reads 0.85 at 1.5x in both seeds
+        rows += [_hard(seed, 1.0, 0.90, None), _hard(seed, 0.5, 0.80, 2.0), _ladder(seed, 0.6, accuracy, 1.5, heads=[4], ffn=[64])]
+    table = ladder_markdown(rows)
+    assert "| budgeted-hard | 1 layer, 4 heads, FFN 64 (cost 0.60) | 2 of 2 |" in table
+    assert "| -0.50 ± 3.54 | below (within the seeds' spread); above in 1 of 2 seeds |" in table

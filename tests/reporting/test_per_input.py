@@ -1,5 +1,7 @@
 """Per-input routing tables aggregate seeds and label the learned budget."""
 
+import copy
+
 from budgeted_attention.reporting.per_input import difficulty_table, routed_markdown, speed_table, spread_table
 
 
@@ -74,7 +76,8 @@ def test_lean_table_shows_batch_one_routing_through_the_lean_copy_and_nothing_wi
     # a record from before the preset run: its columns stay empty
     assert "| capped-routing | 0.5 | 1 | 64 | 1 | 11.000 | 8.000 | 1.38x | 1.25x | 1.10 |  |  | 1.17 | 0.94 | 1.50x |" in table
     assert "budgetformer" not in table  # its row has no lean timing
+    older = copy.deepcopy(bench)  # a seed timed before the preset run: lean columns, no preset ones
     bench["rows"][0].update(lean_preset_latency_ms=7.0, lean_preset_speedup=11.0 / 7.0, lean_preset_efficiency=1.26, lean_decision_share=0.875)
-    table = lean_table({"0": bench, "1": _bench(1.0)})
-    assert "| 1.10 | 1.26 | 0.88 | 1.17 |" in table
+    assert "| 1.10 | 1.26 | 0.88 | 1.17 |" in lean_table({"0": bench})
+    assert "| 1.26 (1 seeds) | 0.88 (1 seeds) |" in lean_table({"0": bench, "1": older})
     assert "lean inference copy" in routed_markdown({"bench": {"0": bench}})

@@ -12,8 +12,10 @@ At batch 1, where the family has a lean inference copy, the same decisions also 
 against the lean copy's own dense pass (like for like: ``lean_efficiency``) and, with its
 runtime gain, against the plain dense reference (``lean_plain_speedup``); the static slice runs
 through a lean copy too (``lean_static_*``), and so do the same head sets decided before the
-timing (``lean_preset_*``: the routed pass without the router's decision, so
-``lean_decision_share`` = lean routed speedup / preset speedup is what deciding per input costs).
+timing (``lean_preset_*``: the routed pass without the per-input decision, so
+``lean_decision_share`` = lean routed speedup / preset speedup is what the routed pass keeps of
+the preset run's saving once it decides per input: router, head positions and the lean copy's
+staleness check).
 
 At batch 1 a third model runs in the same interleaved rounds: the *static slice*, the same weights
 without the router, each input run with its own head count per layer as a prefix of the stored

@@ -630,7 +630,8 @@ class Experiment:
             heads_per_layer=config.heads_per_layer, ideal_speedup=1.0 / fraction, flops_fraction=fraction,
             ffn_per_layer=[config.d_ff] * config.n_layers, scope="all",  # its cost is whole-model FLOPs
         )
-        row.variant = entry.get("name")
+        # Its name, else the shape it changes: the rows of different ladder models stay apart and say what they are.
+        row.variant = entry.get("name") or ", ".join(f"{key} {value}" for key, value in _shape(entry).items())
         return {"rows": [row], "shape": entry, "loss_curve": log.loss_curve()}
 
     def _ladder_fraction(self, big: GatedModel, model: GatedModel) -> float:

@@ -6,13 +6,16 @@ pruned curve of the same seed (``budgeted-hard`` and any other physically pruned
 cost kind ``kept-heads``)
 at the ladder model's measured speedup, by linear interpolation between the curve's budgets
 (the budget-1 model, the full architecture, counts as 1.00x: it is the reference's model). A
-ladder model faster than every budget of a curve has no match on it. Aggregated over seeds, the
-table says whether the curve is on or above each ladder model and whether the gap is within the
-seeds' spread. Test accuracies are only read here, never used to choose anything.
+ladder model outside the curve's range of speedups (faster than every budget, or slower than the
+full model), or a seed without that curve, has no match. Aggregated over seeds, the table says
+whether the curve is on or above each ladder model and whether the gap is within the seeds'
+spread. Test accuracies are only read here, never used to choose anything. Language-model runs
+(no accuracy) and runs without ladder rows or timed pruned models get no table.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from typing import Any
@@ -22,12 +25,16 @@ from budgeted_attention.reporting.results import display_method
 LADDER = "ladder"
 
 
+def _finite(value: Any) -> bool:
+    return value is not None and math.isfinite(float(value))
+
+
 def _curve(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
     """(speedup, test accuracy) points of one method and seed, ascending in speedup; budget 1
     without a timing counts as 1.00x."""
     points = []
     for row in rows:
-        if row.get("accuracy") is None:
+        if not _finite(row.get("accuracy")):
             continue
         if row.get("speedup") is not None:
             points.append((float(row["speedup"]), float(row["accuracy"])))
@@ -54,7 +61,7 @@ def _ladder_label(row: dict[str, Any]) -> str:
         return f"{row['variant']} ({cost})"
     heads, ffn = row.get("heads_per_layer") or [], row.get("ffn_per_layer") or []
     if heads and ffn:
-        return f"{len(heads)} layers, {heads[0]} heads, FFN {ffn[0]} ({cost})"
+        return f"{len(heads)} layer{'s' if len(heads) != 1 else ''}, {heads[0]} heads, FFN {ffn[0]} ({cost})"
     return f"{display_method(row)} ({cost})"
 
 
@@ -63,7 +70,7 @@ def ladder_comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     Returns:
         Dicts with ``method``, ``ladder`` (its label), ``seeds`` (ladder seeds), ``matched`` (seeds
-        with a match), ``speedup``, ``ladder_accuracy``, ``curve_accuracy`` and ``difference``
+        with a match), ``unmatched`` (reason -> seeds without one), ``speedup``, ``ladder_accuracy``, ``curve_accuracy`` and ``difference``
         (curve minus ladder, accuracy points in [0, 1] units) as (mean, std) over matched seeds,
         and ``above`` (matched seeds where the curve is on or above the ladder model).
     """
@@ -71,7 +78,7 @@ def ladder_comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     curves: dict[str, dict[Any, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         if row["method"] == LADDER:
-            if row.get("speedup") is not None and row.get("accuracy") is not None:
+            if row.get("speedup") is not None and _finite(row.get("accuracy")):
                 ladder[_ladder_label(row)][row.get("seed")] = row
         elif row.get("cost_kind") == "kept-heads":  # physically pruned: a curve of measured speed
             curves[display_method(row)][row.get("seed")].append(row)
@@ -80,13 +87,19 @@ def ladder_comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not any(row.get("speedup") is not None for seed_rows in by_seed.values() for row in seed_rows):
             continue
         for label, ladder_by_seed in sorted(ladder.items(), key=lambda item: statistics.fmean(float(r["speedup"]) for r in item[1].values())):
-            pairs = []
+            pairs, unmatched = [], defaultdict(int)
             for seed, ladder_row in ladder_by_seed.items():
-                speedup = float(ladder_row["speedup"])
-                matched = interpolate(_curve(by_seed.get(seed, [])), speedup)
+                speedup, curve = float(ladder_row["speedup"]), _curve(by_seed.get(seed, []))
+                matched = interpolate(curve, speedup)
                 if matched is not None:
                     pairs.append((speedup, float(ladder_row["accuracy"]), matched))
-            entry: dict[str, Any] = {"method": method, "ladder": label, "seeds": len(ladder_by_seed), "matched": len(pairs)}
+                elif not curve:
+                    unmatched["no curve for the seed"] += 1
+                else:
+                    unmatched["faster than every budget" if speedup > curve[-1][0] else "slower than the full model"] += 1
+            entry: dict[str, Any] = {
+                "method": method, "ladder": label, "seeds": len(ladder_by_seed), "matched": len(pairs), "unmatched": dict(unmatched),
+            }
             if pairs:
                 for key, values in (("speedup", [p[0] for p in pairs]), ("ladder_accuracy", [p[1] for p in pairs]),
                                     ("curve_accuracy", [p[2] for p in pairs]), ("difference", [p[2] - p[1] for p in pairs])):
@@ -99,16 +112,22 @@ def ladder_comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _verdict(entry: dict[str, Any]) -> str:
+    unmatched = "; ".join(f"no match in {n} seed{'s' if n > 1 else ''}: {why}" for why, n in sorted(entry["unmatched"].items()))
     if not entry["matched"]:
-        return "no match: faster than every budget"
+        return unmatched
     mean, std = entry["difference"]
     side = "on or above" if mean >= 0 else "below"
-    spread = " (within the seeds' spread)" if abs(mean) <= std else ""
-    return f"{side}{spread}; above in {entry['above']} of {entry['matched']} seeds"
+    if entry["matched"] == 1:
+        spread = " (1 seed, no spread)"
+    else:
+        spread = " (within the seeds' spread)" if abs(mean) <= std else ""
+    verdict = f"{side}{spread}; above in {entry['above']} of {entry['matched']} seeds"
+    return f"{verdict}; {unmatched}" if unmatched else verdict
 
 
 def ladder_markdown(rows: list[dict[str, Any]]) -> str:
-    """The comparison as a Markdown table with its explanation; "" without ladder rows or a timed curve."""
+    """The comparison as a Markdown table with its explanation; "" without ladder rows with an
+    accuracy (language-model runs have none) or without a timed pruned curve."""
     comparison = ladder_comparison(rows)
     if not comparison:
         return ""
