@@ -65,14 +65,37 @@ def _ladder_label(row: dict[str, Any]) -> str:
     return f"{display_method(row)} ({cost})"
 
 
+def _match(
+    ladder_by_seed: dict[Any, dict[str, Any]], curve_rows: dict[Any, list[dict[str, Any]]]
+) -> tuple[list[tuple[float, float, float]], dict[str, int]]:
+    """Per seed of one ladder model: (speedup, ladder accuracy, curve accuracy there) where the
+    curve of the same seed reaches that speedup, and the seeds without a match by reason."""
+    pairs, unmatched = [], defaultdict(int)
+    for seed, ladder_row in ladder_by_seed.items():
+        speedup, curve = float(ladder_row["speedup"]), _curve(curve_rows.get(seed, []))
+        matched = interpolate(curve, speedup)
+        if matched is not None:
+            pairs.append((speedup, float(ladder_row["accuracy"]), matched))
+        elif not curve:
+            unmatched["no curve for the seed"] += 1
+        else:
+            unmatched["faster than every budget" if speedup > curve[-1][0] else "slower than the full model"] += 1
+    return pairs, dict(unmatched)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
 def ladder_comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (curve method, ladder model): the per-seed pairs at matched speedup, aggregated.
 
     Returns:
-        Dicts with ``method``, ``ladder`` (its label), ``seeds`` (ladder seeds), ``matched`` (seeds
-        with a match), ``unmatched`` (reason -> seeds without one), ``speedup``, ``ladder_accuracy``, ``curve_accuracy`` and ``difference``
-        (curve minus ladder, accuracy points in [0, 1] units) as (mean, std) over matched seeds,
-        and ``above`` (matched seeds where the curve is on or above the ladder model).
+        Dicts with ``method``, ``ladder`` (its label), ``seeds`` (ladder seeds), ``matched``
+        (seeds with a match), ``unmatched`` (reason -> seeds without one), ``speedup``,
+        ``ladder_accuracy``, ``curve_accuracy`` and ``difference`` (curve minus ladder, in [0, 1]
+        units) as (mean, std) over matched seeds, and ``above`` (matched seeds where the curve is
+        on or above the ladder model).
     """
     ladder: dict[str, dict[Any, dict[str, Any]]] = defaultdict(dict)
     curves: dict[str, dict[Any, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
@@ -82,29 +105,23 @@ def ladder_comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 ladder[_ladder_label(row)][row.get("seed")] = row
         elif row.get("cost_kind") == "kept-heads":  # physically pruned: a curve of measured speed
             curves[display_method(row)][row.get("seed")].append(row)
+    by_speed = sorted(ladder.items(), key=lambda item: statistics.fmean(float(r["speedup"]) for r in item[1].values()))
     results = []
-    for method, by_seed in sorted(curves.items()):
-        if not any(row.get("speedup") is not None for seed_rows in by_seed.values() for row in seed_rows):
+    for method, curve_rows in sorted(curves.items()):
+        if not any(row.get("speedup") is not None for seed_rows in curve_rows.values() for row in seed_rows):
             continue
-        for label, ladder_by_seed in sorted(ladder.items(), key=lambda item: statistics.fmean(float(r["speedup"]) for r in item[1].values())):
-            pairs, unmatched = [], defaultdict(int)
-            for seed, ladder_row in ladder_by_seed.items():
-                speedup, curve = float(ladder_row["speedup"]), _curve(by_seed.get(seed, []))
-                matched = interpolate(curve, speedup)
-                if matched is not None:
-                    pairs.append((speedup, float(ladder_row["accuracy"]), matched))
-                elif not curve:
-                    unmatched["no curve for the seed"] += 1
-                else:
-                    unmatched["faster than every budget" if speedup > curve[-1][0] else "slower than the full model"] += 1
+        for label, ladder_by_seed in by_speed:
+            pairs, unmatched = _match(ladder_by_seed, curve_rows)
             entry: dict[str, Any] = {
-                "method": method, "ladder": label, "seeds": len(ladder_by_seed), "matched": len(pairs), "unmatched": dict(unmatched),
+                "method": method, "ladder": label, "seeds": len(ladder_by_seed), "matched": len(pairs), "unmatched": unmatched,
             }
             if pairs:
-                for key, values in (("speedup", [p[0] for p in pairs]), ("ladder_accuracy", [p[1] for p in pairs]),
-                                    ("curve_accuracy", [p[2] for p in pairs]), ("difference", [p[2] - p[1] for p in pairs])):
-                    entry[key] = (statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0)
-                entry["above"] = sum(p[2] >= p[1] for p in pairs)
+                speedups, ladder_acc, curve_acc = zip(*pairs)
+                entry.update(
+                    speedup=_mean_std(list(speedups)), ladder_accuracy=_mean_std(list(ladder_acc)),
+                    curve_accuracy=_mean_std(list(curve_acc)), difference=_mean_std([c - a for _, a, c in pairs]),
+                    above=sum(c >= a for _, a, c in pairs),
+                )
             else:
                 entry["speedup"] = (statistics.fmean(float(r["speedup"]) for r in ladder_by_seed.values()), 0.0)
             results.append(entry)
