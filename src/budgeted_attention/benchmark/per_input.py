@@ -110,7 +110,7 @@ def _lean_fields(timed: dict[str, float], ideal: float) -> dict[str, float | Non
     speedup = timed["lean_dense"] / timed["lean_routed"]
     static_speedup = timed["lean_dense"] / timed["lean_static"]
     preset_speedup = timed["lean_dense"] / timed["lean_preset"]
-    fields = {
+    return {
         "lean_latency_ms": timed["lean_routed"], "lean_dense_latency_ms": timed["lean_dense"],
         "lean_static_latency_ms": timed["lean_static"], "lean_preset_latency_ms": timed["lean_preset"],
         "lean_speedup": speedup, "lean_efficiency": speedup / ideal,
@@ -119,7 +119,6 @@ def _lean_fields(timed: dict[str, float], ideal: float) -> dict[str, float | Non
         "lean_preset_speedup": preset_speedup, "lean_preset_efficiency": preset_speedup / ideal,
         "lean_decision_share": speedup / preset_speedup,
     }
-    return fields
 
 
 def bench_per_input(
