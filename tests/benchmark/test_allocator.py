@@ -1,5 +1,5 @@
 """The timing allocator setting: freed memory stays in the process, so repeated large allocations
-stop faulting pages in (a negative control runs with the allocator's defaults)."""
+stop faulting pages in."""
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 from budgeted_attention.benchmark import allocator
 
 # Forward passes of an encoder whose activations are megabytes (d 256, batch 16, sequence 128):
-# warm-up, then the page faults of 6 more passes.
+# the page faults of the first (cold) pass, then, after 3 more, of 6 more passes.
 SCRIPT = """
 import resource, torch
 from budgeted_attention.benchmark.allocator import keep_freed_memory
@@ -26,33 +26,37 @@ def passes(n):
         for _ in range(n):
             model(ids, torch.ones_like(ids))
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-passes(4)
+print(passes(1))
+passes(3)
 print(passes(6))
 """
 
 
-def _run(opt_out: bool) -> tuple[str, int]:
-    """(the allocator setting, page faults of 6 passes) of SCRIPT in a fresh process."""
+def _run(opt_out: bool) -> tuple[str, int, int]:
+    """(the allocator setting, page faults of the cold pass, of 6 warm passes) of SCRIPT in a fresh process."""
     env = {key: value for key, value in os.environ.items() if key != allocator.OPT_OUT}
     if opt_out:
         env[allocator.OPT_OUT] = "1"
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=120, check=True)
-    setting, faults = out.stdout.strip().splitlines()[-2:]
-    return setting, int(faults)
+    setting, cold, warm = out.stdout.strip().splitlines()[-3:]
+    return setting, int(cold), int(warm)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
 def test_freed_memory_is_reused_instead_of_faulted_in_again():
-    setting, faults = _run(False)
+    setting, cold, warm = _run(False)
     if not setting.startswith("glibc"):
         pytest.skip(f"not glibc: {setting}")
     assert "freed memory kept" in setting
-    default, default_faults = _run(True)
-    print(f"faults of 6 passes: {faults} kept, {default_faults} with the defaults")
+    default, default_cold, default_warm = _run(True)
+    print(f"page faults: cold pass {cold}, 6 warm passes {warm} kept; with the defaults {default_cold} and {default_warm}")
     assert "defaults" in default
-    # The defaults hand the activations' pages back and fault them in again on every pass (about
-    # 1,000-4,000 per pass); kept, they are reused (at most a heap extension or two after warm-up).
-    assert default_faults > 2_000 and faults * 5 < default_faults
+    # Kept, the warm passes reuse the cold pass's pages: 6 of them fault fewer pages than half of
+    # one cold pass (at most a heap extension or two). The defaults usually hand the pages back and
+    # fault most of them in again on every pass (12,000-24,000 in 6 passes against a cold pass of
+    # about 8,000), but glibc's adaptive mmap threshold sometimes reaches reuse by itself (1,536 in
+    # one process on the same machine), so they are reported, not asserted.
+    assert warm * 2 < cold
 
 
 def test_the_setting_is_made_once_and_reported(monkeypatch):
