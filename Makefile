@@ -110,13 +110,18 @@ results: $(STAMP)
 	$(BIN)/python benchmarks/serve_load.py runs/minilm_all_seed0 --out runs/serve_load_lean --trial-seconds 20 --loads 1.5,2 --arrivals bursty \
 		--modes slo --fuzz-examples 0 --set "budgets=[0.1,0.25,0.5,0.75,1.0]" --set min_budget=0.1 --set max_batch_size=32 \
 		--capacity-budgets 0.5,0.25,0.1 --repeats 3 --seed 18
+	# The same d256 configs trained and timed on a second machine (an AMD EPYC VM); docs cite them by these names.
+	$(BIN)/baa demo --no-progress --config configs/d256_all_skip.yaml --out runs/d256_all_skip_amd
+	$(BIN)/baa bench --no-progress runs/d256_all_skip_amd --compile --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --threads 1 --rounds 5 --min-run-time 0.2 --json runs/d256_all_skip_amd/bench_compile.json
+	$(BIN)/baa demo --no-progress --config configs/d256_all.yaml --out runs/d256_all_amd
 	$(BIN)/baa report runs/demo runs/d256 runs/bbc_short runs/minilm_bbc_short runs/demo_all runs/d256_all runs/bbc_short_all runs/minilm_bbc_short_all \
 		runs/tiny_lm_bayesian runs/tiny_lm_prior_free runs/tiny_lm_softmax runs/meta_long runs/lm_san_compare runs/lm_san_compare_long runs/lm_san runs/lm_char \
 		runs/routing_bbc_short runs/routing_demo runs/routing_minilm_bbc_short runs/serve_load_minilm runs/serve_load_minilm_floor01 \
 		runs/d256_all_skip runs/minilm_all_seed0 runs/serve_ab_engine_process runs/serve_ab_arrival_memory runs/bbc_short_all_skip runs/serve_load_defaults runs/serve_ab_arrival_memory_alt \
 		runs/serve_ab_engine_cpus runs/serve_ab_deadline_batching runs/serve_ab_freeze_gc runs/serve_ab_freeze_gc_quiet_client \
 		runs/serve_load_defaults_gc runs/serve_ab_deadline_batching_gc runs/serve_load_final runs/serve_ab_deadline_batching_tight \
-		runs/minilm_all_seed1 runs/minilm_all_seed2 runs/serve_load_lean --out docs/results.md
+		runs/minilm_all_seed1 runs/minilm_all_seed2 runs/serve_load_lean runs/routing_bbc_short_speed runs/routing_minilm_speed \
+		runs/d256_all_skip_amd runs/d256_all_amd --out docs/results.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
