@@ -278,6 +278,19 @@ def test_ladder_trains_smaller_dense_models_for_equal_steps_and_times_them(tmp_p
         Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None).run()
 
 
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_ladder_is_early_stopped_on_validation_like_the_dense_warm_start(tmp_path):
+    path = tmp_path / "ladder.yaml"
+    path.write_text(CONFIG.replace("seeds: [0, 1]", "seeds: [0]") + "ladder: [{d_model: 8, n_layers: 1, d_ff: 16}]\n")
+    cfg = load_experiment_config(str(path), ["methods=[dense,ladder]", "train.early_stopping_patience=1", "train.eval_every=5"])
+    Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None).run()
+    units = tmp_path / "run" / "units" / "seed0"
+    dense, ladder = (json.loads((units / f"{unit}.json").read_text()) for unit in ("dense", "ladder-0"))
+    assert dense["val_history"] and ladder["val_history"]  # both chose their weights on validation
+    most = dense["rows"][0]["steps"] + cfg.path_steps  # the ladder's maximum: the path's total steps
+    assert ladder["val_history"][-1][0] <= most and ladder["rows"][0]["steps"] <= ladder["steps_run"] <= most
+
+
 def test_split_off_timing_units_take_no_seed_index():
     from budgeted_attention.recipes.experiment import seed_indices
 

@@ -615,13 +615,19 @@ class Experiment:
 
     def _ladder(self, seed: int, index: int) -> dict[str, Any]:
         """A smaller dense model of the same family trained from scratch for the budgeted-hard path's
-        total steps, saved as ``ladder-<index>``; its unit ``bench-ladder-<index>`` times it."""
+        total steps, saved as ``ladder-<index>``; its unit ``bench-ladder-<index>`` times it. With
+        ``train.early_stopping_patience`` > 0 it is early-stopped on validation as the dense warm
+        start is (those steps the maximum, best weights kept): neither side of the comparison gets
+        a checkpoint chosen on validation that the other lacks."""
         big, _ = self._load(seed, "dense")
         entry = self.cfg.ladder[index]
         config = big.config.unpruned(**{"head_dim": 0, **_shape(entry)}, ffn_group_size=0)
         model = type(big)(config)
         steps = self._steps_of(seed, "dense") + self.cfg.path_steps
-        log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, steps=steps, desc=f"ladder {index}", task=self.task)
+        log = train_dense(
+            model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, val=self.splits.val, steps=steps,
+            desc=f"ladder {index}", task=self.task,
+        )
         save_model(model, self._ckpt(seed, f"ladder-{index}"), method="ladder", seed=seed, steps=log.steps)
         fraction = self._ladder_fraction(big, model)
         row = ResultRow(
@@ -632,7 +638,7 @@ class Experiment:
         )
         # Its name, else the shape it changes: the rows of different ladder models stay apart and say what they are.
         row.variant = entry.get("name") or ", ".join(f"{key} {value}" for key, value in _shape(entry).items())
-        return {"rows": [row], "shape": entry, "loss_curve": log.loss_curve()}
+        return {"rows": [row], "shape": entry, "loss_curve": log.loss_curve(), "steps_run": log.steps_run, "val_history": log.val_history}
 
     def _ladder_fraction(self, big: GatedModel, model: GatedModel) -> float:
         """The ladder model's forward FLOPs over the full model's, at the bench sequence length."""
