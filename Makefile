@@ -115,6 +115,9 @@ results: $(STAMP)
 	$(BIN)/baa bench --no-progress runs/d256_all_skip_amd --compile --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --threads 1 --rounds 5 --min-run-time 0.2 --json runs/d256_all_skip_amd/bench_compile.json
 	$(BIN)/baa demo --no-progress --config configs/d256_all.yaml --out runs/d256_all_amd
 	$(BIN)/baa experiment --no-progress --threads 1 configs/routing_bbc_short.yaml --set 'methods=[dense,budgetformer,capped-routing]' --out runs/routing_bbc_short_speed_amd
+	# The bbc-short ladder replicated there (each seed ran as its own process, two at a time, then merged by this command):
+	$(BIN)/baa experiment --no-progress --threads 1 configs/bbc_short_all_skip.yaml --set 'methods=[dense,budgeted,budgeted-hard,ladder]' --set 'ladder=[{n_layers: 3}]' --out runs/bbc_short_ladder3_amd
+	$(BIN)/baa experiment --no-progress --threads 1 configs/bbc_short_all_skip.yaml --set 'methods=[dense,budgeted,budgeted-hard,ladder]' --set train.early_stopping_patience=6 --out runs/bbc_short_all_skip_es
 	$(BIN)/baa report runs/demo runs/d256 runs/bbc_short runs/minilm_bbc_short runs/demo_all runs/d256_all runs/bbc_short_all runs/minilm_bbc_short_all \
 		runs/tiny_lm_bayesian runs/tiny_lm_prior_free runs/tiny_lm_softmax runs/meta_long runs/lm_san_compare runs/lm_san_compare_long runs/lm_san runs/lm_char \
 		runs/routing_bbc_short runs/routing_demo runs/routing_minilm_bbc_short runs/serve_load_minilm runs/serve_load_minilm_floor01 \
@@ -122,7 +125,8 @@ results: $(STAMP)
 		runs/serve_ab_engine_cpus runs/serve_ab_deadline_batching runs/serve_ab_freeze_gc runs/serve_ab_freeze_gc_quiet_client \
 		runs/serve_load_defaults_gc runs/serve_ab_deadline_batching_gc runs/serve_load_final runs/serve_ab_deadline_batching_tight \
 		runs/minilm_all_seed1 runs/minilm_all_seed2 runs/serve_load_lean runs/routing_bbc_short_speed runs/routing_minilm_speed \
-		runs/d256_all_skip_amd runs/d256_all_amd runs/routing_bbc_short_speed_amd --out docs/results.md
+		runs/d256_all_skip_amd runs/d256_all_amd runs/routing_bbc_short_speed_amd \
+		runs/bbc_short_ladder3_amd runs/bbc_short_all_skip_es --out docs/results.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
