@@ -23,7 +23,8 @@ steps from initialisation that produced it, and ``cost_kind``):
   the dense model; ``posthoc-recovered-1ep``: one recovery epoch (the paper's variant);
 * ``ladder``: what a user would pick instead of one budgeted checkpoint: separately trained
   dense encoders of the shapes in ``ladder`` (smaller width/depth), each trained from scratch for
-  the same total steps as the budgeted-hard path, timed against the same dense reference.
+  the same total steps as the budgeted-hard path (at most, early-stopped on validation as the
+  dense warm start is when ``train.early_stopping_patience`` > 0), timed against the same dense reference.
 
 Budget scope (``budget_scope``): ``heads`` (the paper) puts the attention heads under the
 budget; ``all`` adds the feed-forward blocks as groups of ``ffn_group_size`` neurons, so b is the
