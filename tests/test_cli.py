@@ -26,6 +26,7 @@ def _run(args, capsys):
         (["demo", "--quick", "--set", "train.lr=fast"], "train.lr"),
         (["demo", "--quick", "--set", "budgets=[0.0]"], "0.0"),
         (["experiment", "configs/synthetic.yaml", "--threads", "0"], "'0'"),
+        (["experiment", "configs/synthetic.yaml", "--retime", "--finished-only", "--out", "runs/never-written"], "--retime"),
     ],
 )
 def test_misuse_exits_2_with_one_line(args, fragment, capsys):

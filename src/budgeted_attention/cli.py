@@ -64,6 +64,12 @@ def _positive_float(text: str) -> float:
     return value
 
 
+RETIME_HELP = (
+    "time every saved model of the run again (timing records cleared, trained models kept): "
+    "after seeds were trained side by side or on a busy machine"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="baa", description="Budgeted attention: one checkpoint, many cost/accuracy operating points.")
     parser.add_argument("--version", action="version", version=f"baa {__version__}")
@@ -90,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--finished-only", action="store_true",
         help="run nothing: write results from the units already finished (a partial run, marked as such)",
     )
+    experiment.add_argument("--retime", action="store_true", help=RETIME_HELP)
 
     lm = sub.add_parser("lm", help="the experiment pipeline on a causal language model (task: lm), e.g. configs/lm_char.yaml")
     lm.add_argument("config", help="language-model YAML (task: lm, model_family: decoder are the defaults here)")
@@ -100,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     lm.add_argument("--bf16", action="store_true", help="bfloat16 autocast on CUDA (train.bf16)")
     lm.add_argument("--threads", type=_positive_int, help="torch threads for training and evaluation (default: torch's, one per core); 1 when two runs share the machine")
     lm.add_argument("--finished-only", action="store_true", help="run nothing: write results from the finished units")
+    lm.add_argument("--retime", action="store_true", help=RETIME_HELP)
+
+    merge = sub.add_parser("merge", help="merge experiment runs that differ only in their seeds (seeds trained in separate processes)")
+    merge.add_argument("parts", nargs="+", help="run directories of 'baa experiment' / 'baa lm' with the same config but other seeds")
+    merge.add_argument("--out", required=True, help="new run directory for the merged run")
+    merge.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     bench = sub.add_parser("bench", help="measure CPU latency of dense vs pruned models of a run")
     bench.add_argument("run_dir", help="run directory written by 'baa demo' or 'baa experiment' (or a budgeted-hard checkpoint .json)")
@@ -190,7 +203,9 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     from budgeted_attention.recipes.experiment import run_experiment
 
     _set_threads(args)
-    run_experiment(args.config, args.out, _runtime_overrides(args), progress=not args.no_progress, finished_only=args.finished_only)
+    run_experiment(
+        args.config, args.out, _runtime_overrides(args), progress=not args.no_progress, finished_only=args.finished_only, retime=args.retime,
+    )
     return 0
 
 
@@ -198,7 +213,10 @@ def _cmd_lm(args: argparse.Namespace) -> int:
     from budgeted_attention.recipes.experiment import run_experiment
 
     _set_threads(args)
-    run_experiment(args.config, args.out, _runtime_overrides(args), progress=not args.no_progress, finished_only=args.finished_only, task="lm")
+    run_experiment(
+        args.config, args.out, _runtime_overrides(args), progress=not args.no_progress, finished_only=args.finished_only, task="lm",
+        retime=args.retime,
+    )
     return 0
 
 
@@ -255,6 +273,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
     ranking = load_ranking(checkpoint, description, model)
     default_out = Path(args.run_dir) / "onnx" if Path(args.run_dir).is_dir() else checkpoint.parent / "onnx"
     export_budgets(model, ranking, args.budgets or [0.25, 0.5, 0.75, 1.0], args.out or default_out, atol=args.atol)
+    return 0
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from budgeted_attention.recipes.merge import run_merged
+
+    seeds = run_merged(args.parts, args.out, progress=not args.no_progress)
+    print(f"merged {len(args.parts)} runs into {args.out} (seeds {', '.join(map(str, seeds))}); "
+          f"time them again, alone: baa experiment {args.out}/config.yaml --out {args.out} --retime")
     return 0
 
 
@@ -316,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"demo": _cmd_demo, "experiment": _cmd_experiment, "lm": _cmd_lm, "bench": _cmd_bench, "bench-routing": _cmd_bench_routing, "report": _cmd_report,
-                "serve": _cmd_serve, "export": _cmd_export}
+                "serve": _cmd_serve, "export": _cmd_export, "merge": _cmd_merge}
     try:
         return handlers[args.command](args)
     except OSError as exc:  # permission denied, --out below a regular file, disk full, ...

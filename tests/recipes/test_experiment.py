@@ -291,6 +291,45 @@ def test_ladder_is_early_stopped_on_validation_like_the_dense_warm_start(tmp_pat
     assert ladder["val_history"][-1][0] <= most and ladder["rows"][0]["steps"] <= ladder["steps_run"] <= most
 
 
+def test_dense_long_is_early_stopped_on_validation_like_the_dense_warm_start(tmp_path):
+    path = tmp_path / "long.yaml"
+    path.write_text(CONFIG.replace("seeds: [0, 1]", "seeds: [0]"))
+    cfg = load_experiment_config(str(path), ["methods=[dense,dense-long]", "train.early_stopping_patience=1", "train.eval_every=2"])
+    Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None).run()
+    units = tmp_path / "run" / "units" / "seed0"
+    dense, long = (json.loads((units / f"{unit}.json").read_text()) for unit in ("dense", "dense-long"))
+    assert long["val_history"]  # its weights were chosen on validation, as the warm start's were
+    extra = long["rows"][0]["steps"] - dense["rows"][0]["steps"]
+    assert 0 < extra <= long["steps_run"] <= cfg.path_steps
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_retime_times_the_saved_models_again_and_trains_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "retime.yaml"
+    path.write_text(CONFIG.replace("seeds: [0, 1]", "seeds: [0]") + "ladder: [{d_model: 8, n_layers: 1, d_ff: 16}]\n")
+    cfg = load_experiment_config(str(path), ["methods=[dense,budgeted,budgeted-hard,ladder]"])
+    out = tmp_path / "run"
+    Experiment(cfg, out, progress=False, log=lambda *_: None).run()
+    units = out / "units" / "seed0"
+    before = {p.name: p.read_text() for p in units.glob("*.json")}
+
+    def no_training(*_args, **_kwargs):
+        raise AssertionError("a retime must not train")
+
+    for trainer in ("_dense", "_budgeted", "_hard", "_ladder"):
+        monkeypatch.setattr(Experiment, trainer, no_training)
+    messages = []
+    Experiment(cfg, out, progress=False, log=messages.append).run(retime=True)
+    after = {p.name: p.read_text() for p in units.glob("*.json")}
+    timing = {name for name in before if name.startswith("bench")}
+    assert timing == {"bench.json", "bench-ladder-0.json"}
+    assert all(after[name] == before[name] for name in before if name not in timing)  # training records untouched
+    assert all(json.loads(after[name])["seconds"] != json.loads(before[name])["seconds"] for name in timing)  # timed again
+    assert any("retiming: 2 timing record(s) cleared" in m for m in messages)
+    with pytest.raises(ConfigError, match="--retime"):
+        Experiment(cfg, out, progress=False, log=lambda *_: None).run(retime=True, finished_only=True)
+
+
 def test_split_off_timing_units_take_no_seed_index():
     from budgeted_attention.recipes.experiment import seed_indices
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from budgeted_attention.reporting.ladder import interpolate, ladder_comparison, ladder_markdown
+from budgeted_attention.reporting.ladder import confidence_interval, interpolate, ladder_comparison, ladder_markdown
 
 
 def _hard(seed, budget, accuracy, speedup):
@@ -44,8 +44,10 @@ def test_each_ladder_model_is_matched_per_seed_at_its_speedup():
 
 def test_markdown_gives_a_verdict_per_row_and_nothing_without_a_ladder():
     table = ladder_markdown(_rows())
-    assert "| budgeted-hard | ladder (cost 0.60) | 2 of 2 | 1.50x | 84.00 ± 0.00 | 86.00 ± 1.41 | +2.00 ± 1.41 | on or above; above in 2 of 2 seeds |" in table
-    assert "below; above in 0 of 2 seeds" in table
+    # +2 ± 1.41 over 2 seeds: t(0.975, 1) = 12.706, half-width 12.706 x 1.41 / sqrt(2) = 12.71 points.
+    assert ("| budgeted-hard | ladder (cost 0.60) | 2 of 2 | 1.50x | 84.00 ± 0.00 | 86.00 ± 1.41 | +2.00 ± 1.41 | [-10.71, +14.71] | "
+            "on (a tie: the 95% CI includes 0; mean above); above in 2 of 2 seeds |") in table
+    assert "mean below); above in 0 of 2 seeds" in table
     assert "no match in 2 seeds: faster than every budget" in table
     assert ladder_markdown([row for row in _rows() if row["method"] != "ladder"]) == ""
     assert ladder_markdown([row for row in _rows() if row["method"] == "ladder"]) == ""
@@ -59,15 +61,39 @@ def test_a_model_without_a_match_says_why_and_one_seed_has_no_spread():
     (entry,) = [e for e in ladder_comparison(rows) if e["ladder"] == "ladder (cost 0.90)"]
     assert entry["matched"] == 1 and entry["unmatched"] == {"slower than the full model": 1}
     table = ladder_markdown(rows)
-    assert "below (1 seed, no spread); above in 0 of 1 seeds; no match in 1 seed: slower than the full model |" in table
+    assert "below (1 seed, no interval); above in 0 of 1 seeds; no match in 1 seed: slower than the full model |" in table
     assert "no match in 1 seed: no curve for the seed |" in table
     assert "nan" not in table and "cost 0.50" not in table
 
 
-def test_a_gap_smaller_than_the_seeds_spread_is_marked():
+def test_a_gap_within_the_confidence_interval_is_a_tie():
     rows = []
     for seed, accuracy in ((0, 0.83), (1, 0.88)):  # the curve reads 0.85 at 1.5x in both seeds
         rows += [_hard(seed, 1.0, 0.90, None), _hard(seed, 0.5, 0.80, 2.0), _ladder(seed, 0.6, accuracy, 1.5, heads=[4], ffn=[64])]
     table = ladder_markdown(rows)
     assert "| budgeted-hard | 1 layer, 4 heads, FFN 64 (cost 0.60) | 2 of 2 |" in table
-    assert "| -0.50 ± 3.54 | below (within the seeds' spread); above in 1 of 2 seeds |" in table
+    assert "| -0.50 ± 3.54 | [-32.27, +31.27] | on (a tie: the 95% CI includes 0; mean below); above in 1 of 2 seeds |" in table
+
+
+def _seeds(differences):
+    """Rows where the curve reads 0.85 at 1.5x in every seed and the ladder model 0.85 - difference."""
+    rows = []
+    for seed, difference in enumerate(differences):
+        rows += [_hard(seed, 1.0, 0.90, None), _hard(seed, 0.5, 0.80, 2.0), _ladder(seed, 0.6, 0.85 - difference, 1.5, "small")]
+    return rows
+
+
+def test_a_consistent_gap_over_enough_seeds_is_above_or_below():
+    above = ladder_markdown(_seeds([0.02, 0.03, 0.01, 0.02, 0.025]))
+    assert "above (95% CI above 0); above in 5 of 5 seeds" in above
+    below = ladder_markdown(_seeds([-0.02, -0.03, -0.01, -0.02, -0.025]))
+    assert "below (95% CI below 0); above in 0 of 5 seeds" in below
+    noisy = ladder_markdown(_seeds([0.05, -0.04, 0.03, -0.02, 0.01]))
+    assert "on (a tie: the 95% CI includes 0; mean above)" in noisy
+
+
+def test_confidence_interval_uses_students_t():
+    assert confidence_interval(0.0, 1.0, 2) == pytest.approx((-12.706 / 2**0.5, 12.706 / 2**0.5))
+    low, high = confidence_interval(1.0, 2.0, 9)  # t(0.975, 8) = 2.306
+    assert (high - low) / 2 == pytest.approx(2.306 * 2.0 / 3.0)
+    assert confidence_interval(0.0, 1.0, 100)[1] == pytest.approx(0.196)  # normal beyond 30 degrees of freedom

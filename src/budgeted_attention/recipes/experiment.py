@@ -477,10 +477,17 @@ class Experiment:
         }
 
     def _dense_long(self, seed: int) -> dict[str, Any]:
+        """The equal-steps dense control: the dense warm start trained on for the budgeted path's
+        steps. With ``train.early_stopping_patience`` > 0 it is early-stopped on validation as the
+        warm start and the ladder are (those steps the maximum, best weights kept)."""
         model, description = self._load(seed, "dense")
         extra = self.cfg.path_steps
-        log = train_dense(model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, steps=extra, desc="dense-long", task=self.task)
-        return {"rows": [self._dense_row("dense-long", model, seed, int(description["steps"]) + log.steps)]}
+        log = train_dense(
+            model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, val=self.splits.val, steps=extra,
+            desc="dense-long", task=self.task,
+        )
+        row = self._dense_row("dense-long", model, seed, int(description["steps"]) + log.steps)
+        return {"rows": [row], "steps_run": log.steps_run, "val_history": log.val_history}
 
     def _train_cfg(self, variant: str) -> TrainConfig:
         """The training config of the ``budgeted`` path (``""``) or its ``-sandwich`` variant."""
@@ -773,10 +780,29 @@ class Experiment:
                 units.append((seed, "bench-routed", lambda s=seed: self._bench_routed(s)))
         return units
 
-    def run(self, finished_only: bool = False) -> dict[str, Any]:
+    def clear_timing(self) -> int:
+        """Delete the records of the plan's finished timing units (``bench*``), so that this run
+        times the saved models again; trained models and training records are kept. For timings
+        taken while the machine was busy, e.g. seeds trained side by side. Returns how many."""
+        cleared = 0
+        if distributed.current().is_main:
+            for seed, name, _ in self.plan():
+                path = self._unit_path(seed, name)
+                if name.startswith("bench") and path.exists():
+                    path.unlink()
+                    cleared += 1
+        distributed.barrier()
+        return cleared
+
+    def run(self, finished_only: bool = False, retime: bool = False) -> dict[str, Any]:
         """Run every unfinished unit, then write the outputs. ``finished_only``: run nothing and
-        write the outputs of the units already finished (a partial run, said so in the notes)."""
+        write the outputs of the units already finished (a partial run, said so in the notes).
+        ``retime``: time every saved model again first (:meth:`clear_timing`)."""
+        if finished_only and retime:
+            raise ConfigError("--retime times the models again and --finished-only runs nothing: use one of them")
         started = time.time()
+        if retime:
+            self.log(f"retiming: {self.clear_timing()} timing record(s) cleared in {self.out}; trained models are kept")
         units = self.plan()
         done = sum(self._unit_path(seed, name).exists() for seed, name, _ in units)
         if done:
@@ -924,11 +950,13 @@ class Experiment:
 
 def run_experiment(
     config_path: str, out_dir: str | None, overrides: list[str] | None = None, progress: bool = True, finished_only: bool = False,
-    task: str | None = None,
+    task: str | None = None, retime: bool = False,
 ) -> dict[str, Any]:
+    if finished_only and retime:  # before anything is read or written
+        raise ConfigError("--retime times the models again and --finished-only runs nothing: use one of them")
     cfg = load_experiment_config(config_path, overrides, task)
     out = out_dir or f"runs/{cfg.name}"
     with distributed.running(cfg.train.device, cfg.train.bf16) as runtime:
         quiet = not runtime.is_main  # one process reports (rank 0)
         log = (lambda *_: None) if quiet else print
-        return Experiment(cfg, out, progress=progress and not quiet, log=log).run(finished_only=finished_only)
+        return Experiment(cfg, out, progress=progress and not quiet, log=log).run(finished_only=finished_only, retime=retime)

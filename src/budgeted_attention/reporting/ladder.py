@@ -9,8 +9,10 @@ at the ladder model's measured speedup, by linear interpolation between the curv
 ladder model outside the curve's range of speedups (faster than every budget, or slower than the
 full model), or a seed without that curve, has no match. Aggregated over seeds, the table says
 whether the curve is on or above each ladder model and whether the gap is within the seeds'
-spread. Test accuracies are only read here, never used to choose anything. Language-model runs
-(no accuracy) and runs without ladder rows or timed pruned models get no table.
+spread. The verdict rests on the 95% confidence interval of the mean paired difference (Student's
+t over the matched seeds): "above" or "below" when the interval excludes 0, "on" (a tie) when it
+includes 0. Test accuracies are only read here, never used to choose anything. Language-model
+runs (no accuracy) and runs without ladder rows or timed pruned models get no table.
 """
 
 from __future__ import annotations
@@ -23,6 +25,18 @@ from typing import Any
 from budgeted_attention.reporting.results import display_method
 
 LADDER = "ladder"
+
+# Two-sided 95% quantiles of Student's t, t(0.975, df) for df = 1..30 (standard tables); beyond
+# 30 degrees of freedom the normal 1.96 is within 4%.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def confidence_interval(mean: float, std: float, n: int) -> tuple[float, float]:
+    """95% confidence interval of a mean over ``n`` >= 2 paired values with sample std ``std``."""
+    t = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
+    half = t * std / math.sqrt(n)
+    return mean - half, mean + half
 
 
 def _finite(value: Any) -> bool:
@@ -94,8 +108,9 @@ def ladder_comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         Dicts with ``method``, ``ladder`` (its label), ``seeds`` (ladder seeds), ``matched``
         (seeds with a match), ``unmatched`` (reason -> seeds without one), ``speedup``,
         ``ladder_accuracy``, ``curve_accuracy`` and ``difference`` (curve minus ladder, in [0, 1]
-        units) as (mean, std) over matched seeds, and ``above`` (matched seeds where the curve is
-        on or above the ladder model).
+        units) as (mean, std) over matched seeds, ``interval`` (the difference's 95% confidence
+        interval; 2 or more matched seeds) and ``above`` (matched seeds where the curve is on or
+        above the ladder model).
     """
     ladder: dict[str, dict[Any, dict[str, Any]]] = defaultdict(dict)
     curves: dict[str, dict[Any, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
@@ -122,6 +137,8 @@ def ladder_comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     curve_accuracy=_mean_std(list(curve_acc)), difference=_mean_std([c - a for _, a, c in pairs]),
                     above=sum(c >= a for _, a, c in pairs),
                 )
+                if len(pairs) > 1:
+                    entry["interval"] = confidence_interval(*entry["difference"], len(pairs))
             else:
                 entry["speedup"] = (statistics.fmean(float(r["speedup"]) for r in ladder_by_seed.values()), 0.0)
             results.append(entry)
@@ -132,13 +149,18 @@ def _verdict(entry: dict[str, Any]) -> str:
     unmatched = "; ".join(f"no match in {n} seed{'s' if n > 1 else ''}: {why}" for why, n in sorted(entry["unmatched"].items()))
     if not entry["matched"]:
         return unmatched
-    mean, std = entry["difference"]
-    side = "on or above" if mean >= 0 else "below"
+    mean, _ = entry["difference"]
     if entry["matched"] == 1:
-        spread = " (1 seed, no spread)"
+        judged = f"{'on or above' if mean >= 0 else 'below'} (1 seed, no interval)"
     else:
-        spread = " (within the seeds' spread)" if abs(mean) <= std else ""
-    verdict = f"{side}{spread}; above in {entry['above']} of {entry['matched']} seeds"
+        low, high = entry["interval"]
+        if low > 0:
+            judged = "above (95% CI above 0)"
+        elif high < 0:
+            judged = "below (95% CI below 0)"
+        else:
+            judged = f"on (a tie: the 95% CI includes 0; mean {'above' if mean >= 0 else 'below'})"
+    verdict = f"{judged}; above in {entry['above']} of {entry['matched']} seeds"
     return f"{verdict}; {unmatched}" if unmatched else verdict
 
 
@@ -153,18 +175,21 @@ def ladder_markdown(rows: list[dict[str, Any]]) -> str:
         "Each ladder model (a separately trained smaller dense model) against each pruned curve of the same "
         "seed at the ladder model's measured speedup: the curve's test accuracy is interpolated linearly "
         "between its budgets (budget 1 counts as 1.00x); mean ± std over the seeds with a match; difference "
-        "= curve − ladder in points.",
+        "= curve − ladder in points, with the 95% confidence interval of its mean (Student's t over the "
+        "matched seeds). Verdict: above / below when that interval excludes 0, on (a tie) when it includes 0.",
         "",
-        "| curve | ladder model | matched seeds | ladder speedup | ladder test acc. % | curve at that speedup, test acc. % | difference | verdict |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| curve | ladder model | matched seeds | ladder speedup | ladder test acc. % | curve at that speedup, test acc. % | difference | 95% CI | verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for entry in comparison:
         speedup = f"{entry['speedup'][0]:.2f}x"
         if entry["matched"]:
+            interval = entry.get("interval")
             cells = [pct(entry["ladder_accuracy"]), pct(entry["curve_accuracy"]),
-                     f"{100 * entry['difference'][0]:+.2f} ± {100 * entry['difference'][1]:.2f}"]
+                     f"{100 * entry['difference'][0]:+.2f} ± {100 * entry['difference'][1]:.2f}",
+                     f"[{100 * interval[0]:+.2f}, {100 * interval[1]:+.2f}]" if interval else ""]
         else:
-            cells = ["", "", ""]
+            cells = ["", "", "", ""]
         lines.append(f"| {entry['method']} | {entry['ladder']} | {entry['matched']} of {entry['seeds']} | {speedup} | "
                      f"{' | '.join(cells)} | {_verdict(entry)} |")
     return "\n".join(lines) + "\n"

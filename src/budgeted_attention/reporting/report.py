@@ -193,12 +193,22 @@ def _environment_lines(info: dict[str, Any]) -> list[str]:
 
 def _commands(info: dict[str, Any]) -> list[str]:
     invocations = info.get("invocations") if isinstance(info.get("invocations"), list) else []
-    out = ["", "Produced by:" if len(invocations) <= 1 else f"Produced by {len(invocations)} invocations (the run was resumed):", ""]
+    merged = any(isinstance(i, dict) and i.get("part") for i in invocations)
+    if merged:  # `baa merge`: each part's commands, then the merge (and whatever ran on the merged run)
+        header = f"Produced by {len(invocations)} invocations (seeds run as separate parts, then merged with `baa merge`):"
+    else:
+        header = "Produced by:" if len(invocations) <= 1 else f"Produced by {len(invocations)} invocations (the run was resumed):"
+    out = ["", header, ""]
     if not invocations:
         return ["", "Produced by: command not recorded (no run_info.json invocations)."]
     out.append("```")
+    group = None
     for invocation in invocations:
         command = invocation.get("command") if isinstance(invocation, dict) else None
+        part = invocation.get("part") if isinstance(invocation, dict) else None
+        if merged and part != group:
+            out.append(f"# part {part}" if part else "# the merged run")
+            group = part
         out.append(render_command(command))
     out.append("```")
     return out

@@ -1,0 +1,92 @@
+import json
+
+import pytest
+
+from budgeted_attention.cli import main
+from budgeted_attention.errors import ConfigError
+from budgeted_attention.recipes.experiment import Experiment, load_experiment_config
+from budgeted_attention.recipes.merge import merge_runs, run_merged
+from conftest import TINY_DATA_AND_MODEL
+
+CONFIG = f"""
+name: tiny-merge
+seeds: [0, 1]
+methods: [dense, budgeted, budgeted-hard]
+budgets: [0.5, 1.0]
+{TINY_DATA_AND_MODEL}
+train: {{dense_steps: 6, budgeted_steps: 6, hard_steps: 4, batch_size: 8}}
+bench: {{rounds: 1, min_run_time: 0.005}}
+"""
+
+
+def _part(tmp_path, seed, overrides=()):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(CONFIG)
+    out = tmp_path / f"part{seed}"
+    Experiment(load_experiment_config(str(path), [f"seeds=[{seed}]", *overrides]), out, progress=False, log=lambda *_: None).run()
+    return out
+
+
+def _rows(out):
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    return {(r["method"], r["budget"], r["seed"]): r["accuracy"] for r in rows}
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("parts")
+    return _part(folder, 0), _part(folder, 1)
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_merged_run_holds_every_part_and_resumes_under_its_own_config(parts, tmp_path):
+    out = tmp_path / "merged"
+    assert run_merged(list(parts), out, progress=False) == [0, 1]
+    merged = _rows(out)
+    assert merged == {**_rows(parts[0]), **_rows(parts[1])}  # every part's rows, as the parts measured them
+    assert {seed for (_, _, seed) in merged} == {0, 1}
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["seeds"] == [0, 1]
+    assert [i.get("part") for i in info["invocations"]] == [str(parts[0]), str(parts[1]), None]  # parts, then the merge
+    for seed in (0, 1):
+        assert (out / "checkpoints" / f"seed{seed}" / "budgeted-hard.safetensors").is_file()
+    # The merged config is a config of its own: the experiment resumes from it and trains nothing.
+    cfg = load_experiment_config(str(out / "config.yaml"))
+    assert cfg.seeds == [0, 1]
+    Experiment(cfg, out, progress=False, log=lambda *_: None).run(finished_only=True)
+    assert "PARTIAL" not in (out / "results.md").read_text()
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_report_lists_each_parts_commands(parts, tmp_path):
+    from budgeted_attention.reporting.report import load_run, run_section
+
+    out = tmp_path / "merged"
+    run_merged(list(parts), out, progress=False)
+    section = run_section(load_run(out), figures_dir=None, out=None)
+    assert "merged with `baa merge`" in section
+    assert f"# part {parts[0]}" in section and f"# part {parts[1]}" in section and "# the merged run" in section
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_parts_that_cannot_be_merged_are_refused_and_nothing_is_written(parts, tmp_path):
+    with pytest.raises(ConfigError, match="seed 0 is in both"):
+        merge_runs([parts[0], parts[0]], tmp_path / "a")
+    other = _part(tmp_path, 2, ["train.lr=0.01"])
+    with pytest.raises(ConfigError, match="differ in more than their seeds \\(config keys: train\\)"):
+        merge_runs([parts[0], other], tmp_path / "b")
+    with pytest.raises(ConfigError, match="does not exist"):
+        merge_runs([parts[0], tmp_path / "missing"], tmp_path / "c")
+    with pytest.raises(ConfigError, match="at least two"):
+        merge_runs([parts[0]], tmp_path / "d")
+    assert not any((tmp_path / name).exists() for name in "abcd")
+    assert not list(tmp_path.glob(".*"))  # no staging directory left behind
+    (tmp_path / "e").mkdir()
+    with pytest.raises(ConfigError, match="already exists"):
+        merge_runs(list(parts), tmp_path / "e")
+
+
+def test_cli_merge_errors_are_one_line(parts, tmp_path, capsys):
+    code = main(["merge", str(parts[0]), str(parts[0]), "--out", str(tmp_path / "x"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("baa: error:") and "seed 0" in err[0]
