@@ -304,6 +304,32 @@ def test_dense_long_is_early_stopped_on_validation_like_the_dense_warm_start(tmp
 
 
 @pytest.mark.filterwarnings("ignore:skipped")
+def test_budgeted_stages_early_stop_on_validation_only_when_asked(tmp_path):
+    path = tmp_path / "es.yaml"
+    path.write_text(CONFIG.replace("seeds: [0, 1]", "seeds: [0]"))
+    base = ["methods=[dense,budgeted,budgeted-hard]", "train.early_stopping_patience=1", "train.eval_every=2"]
+    for flag, out in ((False, "plain"), (True, "stopped")):
+        cfg = load_experiment_config(str(path), [*base, f"train.early_stop_budgeted={str(flag).lower()}"])
+        Experiment(cfg, tmp_path / out, progress=False, log=lambda *_: None).run()
+    units = {out: tmp_path / out / "units" / "seed0" for out in ("plain", "stopped")}
+    for stage, most in (("budgeted", 6), ("budgeted-hard", 4)):  # train.budgeted_steps, train.hard_steps
+        plain = json.loads((units["plain"] / f"{stage}.json").read_text())
+        stopped = json.loads((units["stopped"] / f"{stage}.json").read_text())
+        assert "val_history" not in plain  # the default: the paper's fixed schedules
+        assert stopped["val_history"] and 0 < stopped["val_history"][0][0] <= most
+        assert stopped["steps_run"] <= most
+    dense = json.loads((units["stopped"] / "dense.json").read_text())["rows"][0]["steps"]
+    soft = json.loads((units["stopped"] / "budgeted.json").read_text())
+    hard = json.loads((units["stopped"] / "budgeted-hard.json").read_text())
+    # Each stage's row counts the steps of the weights it kept: the path is dense + soft + hard best steps.
+    soft_best = max(soft["val_history"], key=lambda point: point[1])[0]
+    assert soft["rows"][0]["steps"] == dense + soft_best
+    assert soft["rows"][0]["steps"] < hard["rows"][0]["steps"] <= soft["rows"][0]["steps"] + 4
+    with pytest.raises(ConfigError, match="train.early_stop_budgeted"):
+        load_experiment_config(str(path), ["train.early_stop_budgeted=3"])
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
 def test_retime_times_the_saved_models_again_and_trains_nothing(tmp_path, monkeypatch):
     path = tmp_path / "retime.yaml"
     path.write_text(CONFIG.replace("seeds: [0, 1]", "seeds: [0]") + "ladder: [{d_model: 8, n_layers: 1, d_ff: 16}]\n")
@@ -365,7 +391,7 @@ def test_digest_of_configs_from_before_the_new_keys_is_unchanged(tmp_path):
     for key in ("budget_scope", "ffn_group_size", "reference_seq_len", "ladder", "task", "lm_data", "notes", "router"):
         del old[key]
     del old["synthetic"]["mixed_markers"]
-    for key in ("budget_sampling", "sandwich_random", "device", "bf16"):
+    for key in ("budget_sampling", "sandwich_random", "device", "bf16", "early_stop_budgeted"):
         del old["train"][key]
     for key in ("onnx", "device", "compile", "cuda_graphs"):
         del old["bench"][key]

@@ -100,7 +100,7 @@ from budgeted_attention.reporting.summary import headline, headline_markdown
 from budgeted_attention.tasks import CLASSIFY, TASKS, Task
 from budgeted_attention.training.config import TrainConfig
 from budgeted_attention.training.routed import calibrate_router, choose_spread, difficulty_profile, routing_summary, train_routed
-from budgeted_attention.training.stages import seed_everything, train_budgeted, train_dense, train_hard, train_masked
+from budgeted_attention.training.stages import StageLog, seed_everything, train_budgeted, train_dense, train_hard, train_masked
 
 # Benchmark unit name -> the method whose rows get its measured speed.
 BENCH_UNITS = {"bench": "budgeted-hard", "bench-sandwich": "budgeted-hard-sandwich"}
@@ -219,8 +219,14 @@ _LATER_KEYS = {
     ("model", "attention"): "softmax", ("model", "meta"): to_dict(MetaConfig()), ("model", "positions"): "learned",
     ("router",): to_dict(RouterConfig()), ("synthetic", "mixed_markers"): False,
     ("train", "bf16"): False, ("bench", "onnx"): False, ("bench", "device"): "cpu", ("bench", "compile"): False,
-    ("bench", "cuda_graphs"): False,
+    ("bench", "cuda_graphs"): False, ("train", "early_stop_budgeted"): False,
 }
+
+
+def _stopping(log: StageLog) -> dict[str, Any]:
+    """A stage's early-stopping record for its unit (steps run, validation history), or nothing
+    when the stage was not early-stopped."""
+    return {"steps_run": log.steps_run, "val_history": log.val_history} if log.val_history else {}
 
 
 def _shape(entry: dict[str, Any]) -> dict[str, Any]:
@@ -501,10 +507,13 @@ class Experiment:
         name = f"budgeted{variant}"
         train_cfg = self._train_cfg(variant)
         teacher = None if train_cfg.budget_sampling == "sandwich" else dense  # the sandwich distils in place
-        log = train_budgeted(model, self.splits.train, train_cfg, self._unit_costs(model), seed=seed, teacher=teacher, desc=name, progress=self.progress, task=self.task)
+        log = train_budgeted(
+            model, self.splits.train, train_cfg, self._unit_costs(model), seed=seed, teacher=teacher, desc=name, progress=self.progress,
+            task=self.task, val=self.splits.val, val_budgets=self.cfg.budgets,
+        )
         steps = int(description["steps"]) + log.steps
         save_model(model, self._ckpt(seed, name), method=name, seed=seed, steps=steps)
-        return {"rows": self._soft_rows(name, model, seed, steps, self.cfg.budgets)}
+        return {"rows": self._soft_rows(name, model, seed, steps, self.cfg.budgets), **_stopping(log)}
 
     def _scratch(self, seed: int) -> dict[str, Any]:
         model = self.builder.create()
@@ -513,8 +522,11 @@ class Experiment:
         steps = self.cfg.train.scratch_steps or self._steps_of(seed, "dense") + self.cfg.train.budgeted_steps
         # The paper's ablation: one budget per step, whatever train.budget_sampling says.
         scratch_cfg = dataclasses.replace(self.cfg.train, budget_sampling="single")
-        log = train_budgeted(model, self.splits.train, scratch_cfg, self._unit_costs(model), seed=seed, steps=steps, desc="scratch", progress=self.progress, task=self.task)
-        return {"rows": self._soft_rows("budgeted-scratch", model, seed, log.steps, self.cfg.budgets)}
+        log = train_budgeted(
+            model, self.splits.train, scratch_cfg, self._unit_costs(model), seed=seed, steps=steps, desc="scratch", progress=self.progress,
+            task=self.task, val=self.splits.val, val_budgets=self.cfg.budgets,
+        )
+        return {"rows": self._soft_rows("budgeted-scratch", model, seed, log.steps, self.cfg.budgets), **_stopping(log)}
 
     def _hard(self, seed: int, variant: str = "") -> dict[str, Any]:
         model, description = self._load(seed, f"budgeted{variant}")
@@ -522,7 +534,10 @@ class Experiment:
         ranking = self._rank(model, model.unit_importance())
         kept = self._ranking_kept(ranking, self.cfg.budgets)
         before = {r.budget: r for r in self._hard_rows("before", model, seed, 0, kept)}
-        log = train_hard(model, self.splits.train, self._train_cfg(variant), ranking, seed=seed, desc=name, progress=self.progress, task=self.task)
+        log = train_hard(
+            model, self.splits.train, self._train_cfg(variant), ranking, seed=seed, desc=name, progress=self.progress, task=self.task,
+            val=self.splits.val, val_budgets=self.cfg.budgets,
+        )
         steps = int(description["steps"]) + log.steps
         save_model(model, self._ckpt(seed, name), method=name, seed=seed, steps=steps, ranking=ranking.to_dict())
         rows = self._hard_rows(name, model, seed, steps, kept)
@@ -530,7 +545,7 @@ class Experiment:
             row.accuracy_before_adaptation = before[row.budget].accuracy
             row.val_accuracy_before_adaptation = before[row.budget].val_accuracy
             row.loss_before_adaptation = before[row.budget].loss
-        return {"rows": rows}
+        return {"rows": rows, **_stopping(log)}
 
     def _bench_cfg(self, budgets: list[float]) -> BenchConfig:
         return dataclasses.replace(self.cfg.bench, budgets=budgets, seq_lens=[self._bench_seq()], batch_sizes=self.cfg.bench.batch_sizes)
@@ -554,11 +569,17 @@ class Experiment:
         model = copy.deepcopy(dense)
         # One budget only: the sandwich rule does not apply to a specialist.
         fixed = dataclasses.replace(self.cfg.train, budget_min=budget, budget_max=budget, full_budget_prob=0.0, budget_sampling="single")
-        log = train_budgeted(model, self.splits.train, fixed, self._unit_costs(model), seed=seed, teacher=dense, desc=f"static b={budget}", progress=self.progress, task=self.task)
+        log = train_budgeted(
+            model, self.splits.train, fixed, self._unit_costs(model), seed=seed, teacher=dense, desc=f"static b={budget}", progress=self.progress,
+            task=self.task, val=self.splits.val, val_budgets=[budget],
+        )
         soft_steps = int(description["steps"]) + log.steps
         rows = self._soft_rows("static-soft", model, seed, soft_steps, [budget])
         ranking = self._rank(model, model.unit_gates(budget))
-        hard_log = train_hard(model, self.splits.train, fixed, ranking, seed=seed, budgets=(budget, budget), desc=f"static-hard b={budget}", progress=self.progress, task=self.task)
+        hard_log = train_hard(
+            model, self.splits.train, fixed, ranking, seed=seed, budgets=(budget, budget), desc=f"static-hard b={budget}", progress=self.progress,
+            task=self.task, val=self.splits.val, val_budgets=[budget],
+        )
         hard_rows = self._hard_rows("static", model, seed, soft_steps + hard_log.steps, {budget: ranking.kept(budget)})
         save_model(model, self._ckpt(seed, f"static-b{budget}"), method="static", seed=seed, steps=soft_steps + hard_log.steps, ranking=ranking.to_dict())
         return {"rows": rows + hard_rows}

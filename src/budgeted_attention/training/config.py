@@ -21,7 +21,11 @@ class TrainConfig:
     :mod:`budgeted_attention.training.distributed`). ``batch_size`` is the *global* batch.
     Early stopping of the dense stage: with ``early_stopping_patience`` > 0, validation accuracy
     is computed every ``eval_every`` steps and training stops after that many evaluations
-    without improvement (``dense_steps`` is then the maximum).
+    without improvement (``dense_steps`` is then the maximum). ``early_stop_budgeted``: the soft
+    and hard budgeted stages are early-stopped the same way, on the mean validation score over
+    the experiment's budgets (soft gates at each budget; the hard stage: each budget's kept units),
+    so every stage of the path keeps weights chosen on validation, as the dense model and the
+    ladder do.
     Budgeted loss: CE + overshoot_weight * relu(C(b) - b + overshoot_margin)
                    + gate_mass_weight * C(b)
                    + polarization_weight * mean(g (1 - g)) + distill_weight * KL(teacher || student).
@@ -50,6 +54,7 @@ class TrainConfig:
     full_budget_prob: float = 0.1
     early_stopping_patience: int = 0
     eval_every: int = 50
+    early_stop_budgeted: bool = False
     overshoot_weight: float = 5.0
     overshoot_margin: float = 0.01
     gate_mass_weight: float = 0.0
@@ -83,6 +88,8 @@ class TrainConfig:
         check_int(self.sandwich_random, "train.sandwich_random", ge=0)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"train.device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if not isinstance(self.early_stop_budgeted, bool):
+            raise ConfigError(f"train.early_stop_budgeted must be true or false, got {self.early_stop_budgeted!r}")
         if not isinstance(self.bf16, bool):
             raise ConfigError(f"train.bf16 must be true or false, got {self.bf16!r}")
         if self.budget_sampling not in ("single", "sandwich"):

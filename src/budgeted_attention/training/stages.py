@@ -29,8 +29,9 @@ import copy
 import dataclasses
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -351,6 +352,21 @@ def budgeted_loss(
     return sandwich if cfg.budget_sampling == "sandwich" else single
 
 
+def _stage_validation(
+    cfg: TrainConfig, task: Task, val: Split | None, budgets: Sequence[float], gating: Callable[[float], dict[str, Any]],
+) -> tuple[Callable[[nn.Module], float] | None, int]:
+    """(evaluate, eval_every) of a budgeted stage: with ``cfg.early_stop_budgeted`` (and a
+    patience, a validation split and budgets), the mean validation score over ``budgets``, each
+    evaluated with ``gating(b)`` (soft gates or a hard mask); else (None, 0), no early stopping."""
+    if not (cfg.early_stop_budgeted and cfg.early_stopping_patience > 0 and val is not None and budgets):
+        return None, 0
+
+    def evaluate(m: nn.Module) -> float:
+        return sum(task.score(task.evaluate(m, val, cfg.eval_batch_size, **gating(b))) for b in budgets) / len(budgets)
+
+    return evaluate, cfg.eval_every
+
+
 def train_budgeted(
     model: nn.Module,
     train: Split,
@@ -363,11 +379,15 @@ def train_budgeted(
     desc: str = "budgeted",
     progress: bool = True,
     task: Task = CLASSIFY,
+    val: Split | None = None,
+    val_budgets: Sequence[float] = (),
 ) -> StageLog:
     """Stage 2: budgeted training with soft gates (``teacher``: the frozen dense model, optional;
     the sandwich rule distils from the model's own full output instead).
 
     ``unit_costs``: FLOPs per head, or per head and FFN group (:class:`UnitGates`): the gated units.
+    With ``cfg.early_stop_budgeted``: early-stopped on the mean validation score of the soft
+    gates at ``val_budgets`` (best weights and gates kept).
     """
     if teacher is not None:
         teacher = copy.deepcopy(teacher).eval().to(distributed.current().device)
@@ -377,7 +397,11 @@ def train_budgeted(
     unit_costs = unit_costs.map(lambda t: t.to(device)) if isinstance(unit_costs, UnitGates) else unit_costs.to(device)
     loss_fn = budgeted_loss(model, unit_costs, cfg, teacher, task)
     n_steps = cfg.budgeted_steps if steps is None else steps
-    return run_steps(model, train, n_steps, loss_fn, cfg, seed=seed, lr=cfg.lr, desc=desc, progress=progress)
+    evaluate, eval_every = _stage_validation(cfg, task, val, val_budgets, lambda b: {"budget": b})
+    return run_steps(
+        model, train, n_steps, loss_fn, cfg, seed=seed, lr=cfg.lr, desc=desc, progress=progress,
+        evaluate=evaluate, eval_every=eval_every, patience=cfg.early_stopping_patience,
+    )
 
 
 def train_hard(
@@ -391,6 +415,8 @@ def train_hard(
     budgets: tuple[float, float] | None = None,
     desc: str = "hard",
     task: Task = CLASSIFY,
+    val: Split | None = None,
+    val_budgets: Sequence[float] = (),
 ) -> StageLog:
     """Stage 3: hard-gate adaptation with soft-model distillation; the gates are frozen.
 
@@ -402,6 +428,9 @@ def train_hard(
     With ``cfg.budget_sampling == "sandwich"``: each step the full model (cross-entropy), the
     hard sub-models of the smallest and ``sandwich_random`` random budgets distilled in place from
     the full model's output.
+
+    With ``cfg.early_stop_budgeted``: early-stopped on the mean validation score of the hard
+    models of ``val_budgets`` (each budget's kept units; best weights kept).
     """
     use_sandwich = cfg.budget_sampling == "sandwich"
     teacher = None
@@ -444,8 +473,12 @@ def train_hard(
     for param in frozen:
         param.requires_grad_(False)
     chosen = sandwich if use_sandwich else loss_fn
+    evaluate, eval_every = _stage_validation(cfg, task, val, val_budgets, lambda b: {"gates": ranking.masks(b)})
     try:
-        return run_steps(model, train, cfg.hard_steps, chosen, cfg, seed=seed, lr=cfg.hard_lr, desc=desc, progress=progress)
+        return run_steps(
+            model, train, cfg.hard_steps, chosen, cfg, seed=seed, lr=cfg.hard_lr, desc=desc, progress=progress,
+            evaluate=evaluate, eval_every=eval_every, patience=cfg.early_stopping_patience,
+        )
     finally:
         for param in frozen:
             param.requires_grad_(True)
