@@ -291,13 +291,17 @@ def test_ladder_is_early_stopped_on_validation_like_the_dense_warm_start(tmp_pat
     assert ladder["val_history"][-1][0] <= most and ladder["rows"][0]["steps"] <= ladder["steps_run"] <= most
 
 
-def test_dense_long_is_early_stopped_on_validation_like_the_dense_warm_start(tmp_path):
+def test_dense_long_is_early_stopped_with_the_budgeted_stages(tmp_path):
     path = tmp_path / "long.yaml"
     path.write_text(CONFIG.replace("seeds: [0, 1]", "seeds: [0]"))
-    cfg = load_experiment_config(str(path), ["methods=[dense,dense-long]", "train.early_stopping_patience=1", "train.eval_every=2"])
-    Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None).run()
-    units = tmp_path / "run" / "units" / "seed0"
-    dense, long = (json.loads((units / f"{unit}.json").read_text()) for unit in ("dense", "dense-long"))
+    base = ["methods=[dense,dense-long]", "train.early_stopping_patience=1", "train.eval_every=2"]
+    for flag in ("false", "true"):
+        cfg = load_experiment_config(str(path), [*base, f"train.early_stop_budgeted={flag}"])
+        Experiment(cfg, tmp_path / flag, progress=False, log=lambda *_: None).run()
+    units = {flag: tmp_path / flag / "units" / "seed0" for flag in ("false", "true")}
+    fixed = json.loads((units["false"] / "dense-long.json").read_text())
+    assert "val_history" not in fixed  # the published configs' fixed schedule
+    dense, long = (json.loads((units["true"] / f"{unit}.json").read_text()) for unit in ("dense", "dense-long"))
     assert long["val_history"]  # its weights were chosen on validation, as the warm start's were
     extra = long["rows"][0]["steps"] - dense["rows"][0]["steps"]
     assert 0 < extra <= long["steps_run"] <= cfg.path_steps
@@ -351,9 +355,26 @@ def test_retime_times_the_saved_models_again_and_trains_nothing(tmp_path, monkey
     assert timing == {"bench.json", "bench-ladder-0.json"}
     assert all(after[name] == before[name] for name in before if name not in timing)  # training records untouched
     assert all(json.loads(after[name])["seconds"] != json.loads(before[name])["seconds"] for name in timing)  # timed again
-    assert any("retiming: 2 timing record(s) cleared" in m for m in messages)
+    assert any("retiming: 2 timing unit(s) run again" in m for m in messages)
     with pytest.raises(ConfigError, match="--retime"):
         Experiment(cfg, out, progress=False, log=lambda *_: None).run(retime=True, finished_only=True)
+
+    # A timing that fails leaves the records of the others (retimed or not) in place.
+    retimed = {name: after[name] for name in timing}
+
+    def broken_bench(*_args, **_kwargs):
+        raise RuntimeError("timing failed")
+
+    monkeypatch.setattr(Experiment, "_bench_ladder", broken_bench)
+    with pytest.raises(RuntimeError, match="timing failed"):
+        Experiment(cfg, out, progress=False, log=lambda *_: None).run(retime=True)
+    assert (units / "bench-ladder-0.json").read_text() == retimed["bench-ladder-0.json"]  # kept, not deleted
+    assert (units / "bench.json").read_text() != retimed["bench.json"]  # the unit before it was redone
+
+    # A run that is not finished is refused: a retime trains nothing.
+    (units / "ladder-0.json").unlink()
+    with pytest.raises(ConfigError, match="misses 1 training unit\\(s\\) \\(seed0/ladder-0\\)"):
+        Experiment(cfg, out, progress=False, log=lambda *_: None).run(retime=True)
 
 
 def test_split_off_timing_units_take_no_seed_index():

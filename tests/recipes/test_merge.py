@@ -5,7 +5,7 @@ import pytest
 from budgeted_attention.cli import main
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.recipes.experiment import Experiment, load_experiment_config
-from budgeted_attention.recipes.merge import merge_runs, run_merged
+from budgeted_attention.recipes.merge import run_merged
 from conftest import TINY_DATA_AND_MODEL
 
 CONFIG = f"""
@@ -41,7 +41,7 @@ def parts(tmp_path_factory):
 @pytest.mark.filterwarnings("ignore:skipped")
 def test_merged_run_holds_every_part_and_resumes_under_its_own_config(parts, tmp_path):
     out = tmp_path / "merged"
-    assert run_merged(list(parts), out, progress=False) == [0, 1]
+    assert _merge(list(parts), out) == [0, 1]
     merged = _rows(out)
     assert merged == {**_rows(parts[0]), **_rows(parts[1])}  # every part's rows, as the parts measured them
     assert {seed for (_, _, seed) in merged} == {0, 1}
@@ -62,28 +62,74 @@ def test_report_lists_each_parts_commands(parts, tmp_path):
     from budgeted_attention.reporting.report import load_run, run_section
 
     out = tmp_path / "merged"
-    run_merged(list(parts), out, progress=False)
+    _merge(list(parts), out)
     section = run_section(load_run(out), figures_dir=None, out=None)
     assert "merged with `baa merge`" in section
     assert f"# part {parts[0]}" in section and f"# part {parts[1]}" in section and "# the merged run" in section
 
 
+def _merge(parts, out):
+    return run_merged(parts, out, progress=False, log=lambda *_: None)
+
+
 @pytest.mark.filterwarnings("ignore:skipped")
 def test_parts_that_cannot_be_merged_are_refused_and_nothing_is_written(parts, tmp_path):
     with pytest.raises(ConfigError, match="seed 0 is in both"):
-        merge_runs([parts[0], parts[0]], tmp_path / "a")
+        _merge([parts[0], parts[0]], tmp_path / "a")
     other = _part(tmp_path, 2, ["train.lr=0.01"])
-    with pytest.raises(ConfigError, match="differ in more than their seeds \\(config keys: train\\)"):
-        merge_runs([parts[0], other], tmp_path / "b")
+    with pytest.raises(ConfigError, match="differ in more than their seeds \\(train.lr\\)"):
+        _merge([parts[0], other], tmp_path / "b")
     with pytest.raises(ConfigError, match="does not exist"):
-        merge_runs([parts[0], tmp_path / "missing"], tmp_path / "c")
+        _merge([parts[0], tmp_path / "missing"], tmp_path / "c")
     with pytest.raises(ConfigError, match="at least two"):
-        merge_runs([parts[0]], tmp_path / "d")
+        _merge([parts[0]], tmp_path / "d")
     assert not any((tmp_path / name).exists() for name in "abcd")
     assert not list(tmp_path.glob(".*"))  # no staging directory left behind
     (tmp_path / "e").mkdir()
     with pytest.raises(ConfigError, match="already exists"):
-        merge_runs(list(parts), tmp_path / "e")
+        _merge(list(parts), tmp_path / "e")
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_unfinished_parts_are_refused_and_a_failure_while_copying_leaves_nothing(parts, tmp_path, monkeypatch):
+    import shutil
+
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(parts[1], unfinished)
+    (unfinished / "units" / "seed1" / "budgeted-hard.json").unlink()
+    with pytest.raises(ConfigError, match="do not hold finished runs: .*seed1/budgeted-hard"):
+        _merge([parts[0], unfinished], tmp_path / "a")
+    shutil.rmtree(unfinished / "checkpoints" / "seed1")
+    with pytest.raises(ConfigError, match="no checkpoints/seed1"):
+        _merge([parts[0], unfinished], tmp_path / "b")
+
+    def broken_copy(*_args, **_kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(shutil, "copytree", broken_copy)
+    with pytest.raises(OSError, match="disk full"):
+        _merge(list(parts), tmp_path / "c")
+    assert not any((tmp_path / name).exists() for name in "abc")
+    assert not list(tmp_path.glob(".*"))
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_parts_may_differ_in_training_device_and_merged_runs_are_readable(parts, tmp_path):
+    import shutil
+
+    import yaml
+
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(parts[1], elsewhere)
+    config = yaml.safe_load((elsewhere / "config.yaml").read_text())
+    config["train"]["device"] = "cuda"  # trained on a GPU: not what it computed
+    del config["train"]["early_stop_budgeted"]  # a part written before this key existed (at its default)
+    (elsewhere / "config.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "merged"
+    assert _merge([parts[0], elsewhere], out) == [0, 1]
+    (tmp_path / "plain").mkdir()
+    assert (out.stat().st_mode & 0o777) == ((tmp_path / "plain").stat().st_mode & 0o777)  # a plain mkdir's, not mkdtemp's 0700
+    assert str(out) not in (out / "results.md").read_text()
 
 
 def test_cli_merge_errors_are_one_line(parts, tmp_path, capsys):

@@ -96,4 +96,7 @@ def test_confidence_interval_uses_students_t():
     assert confidence_interval(0.0, 1.0, 2) == pytest.approx((-12.706 / 2**0.5, 12.706 / 2**0.5))
     low, high = confidence_interval(1.0, 2.0, 9)  # t(0.975, 8) = 2.306
     assert (high - low) / 2 == pytest.approx(2.306 * 2.0 / 3.0)
-    assert confidence_interval(0.0, 1.0, 100)[1] == pytest.approx(0.196)  # normal beyond 30 degrees of freedom
+    assert confidence_interval(0.0, 1.0, 31)[1] == pytest.approx(2.042 / 31**0.5)  # df 30, the table's last
+    assert confidence_interval(0.0, 1.0, 100)[1] == pytest.approx(0.2042)  # beyond: df 30's value (conservative)
+    with pytest.raises(ValueError, match="at least 2"):
+        confidence_interval(0.0, 0.0, 1)

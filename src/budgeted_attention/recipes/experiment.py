@@ -361,10 +361,11 @@ class Experiment:
     def _ckpt(self, seed: int, name: str) -> Path:
         return self.out / "checkpoints" / f"seed{seed}" / name
 
-    def _unit(self, seed: int, unit: str, index: int, work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """Run ``work()`` unless the unit is finished; returns its record (``rows`` and extras)."""
+    def _unit(self, seed: int, unit: str, index: int, work: Callable[[], dict[str, Any]], redo: bool = False) -> dict[str, Any]:
+        """Run ``work()`` unless the unit is finished (``redo``: run it anyway, its record replaced
+        atomically when it finishes); returns its record (``rows`` and extras)."""
         path = self._unit_path(seed, unit)
-        if distributed.agree(path.exists()):  # rank 0 decides, so every rank runs the same units
+        if distributed.agree(path.exists() and not redo):  # rank 0 decides, so every rank runs the same units
             return self._read_unit(path)
         runtime = distributed.current()
         if runtime.distributed and unit.startswith("bench") and not runtime.is_main:
@@ -484,16 +485,18 @@ class Experiment:
 
     def _dense_long(self, seed: int) -> dict[str, Any]:
         """The equal-steps dense control: the dense warm start trained on for the budgeted path's
-        steps. With ``train.early_stopping_patience`` > 0 it is early-stopped on validation as the
-        warm start and the ladder are (those steps the maximum, best weights kept)."""
+        steps. With ``train.early_stop_budgeted`` (and a patience) it is early-stopped on
+        validation as the warm start, the ladder and the budgeted stages are (those steps the
+        maximum, best weights kept); without it, a fixed schedule as in the published runs."""
         model, description = self._load(seed, "dense")
         extra = self.cfg.path_steps
+        val = self.splits.val if self.cfg.train.early_stop_budgeted else None
         log = train_dense(
-            model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, val=self.splits.val, steps=extra,
+            model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, val=val, steps=extra,
             desc="dense-long", task=self.task,
         )
         row = self._dense_row("dense-long", model, seed, int(description["steps"]) + log.steps)
-        return {"rows": [row], "steps_run": log.steps_run, "val_history": log.val_history}
+        return {"rows": [row], **_stopping(log)}
 
     def _train_cfg(self, variant: str) -> TrainConfig:
         """The training config of the ``budgeted`` path (``""``) or its ``-sandwich`` variant."""
@@ -582,7 +585,8 @@ class Experiment:
         )
         hard_rows = self._hard_rows("static", model, seed, soft_steps + hard_log.steps, {budget: ranking.kept(budget)})
         save_model(model, self._ckpt(seed, f"static-b{budget}"), method="static", seed=seed, steps=soft_steps + hard_log.steps, ranking=ranking.to_dict())
-        return {"rows": rows + hard_rows}
+        stopping = {f"{stage}_{key}": value for stage, stage_log in (("soft", log), ("hard", hard_log)) for key, value in _stopping(stage_log).items()}
+        return {"rows": rows + hard_rows, **stopping}
 
     def _saved_or_timed(self, seed: int, name: str) -> dict[str, Any] | None:
         """None when the model of training unit ``name`` was saved (time it now); else the timing
@@ -801,30 +805,30 @@ class Experiment:
                 units.append((seed, "bench-routed", lambda s=seed: self._bench_routed(s)))
         return units
 
-    def clear_timing(self) -> int:
-        """Delete the records of the plan's finished timing units (``bench*``), so that this run
-        times the saved models again; trained models and training records are kept. For timings
-        taken while the machine was busy, e.g. seeds trained side by side. Returns how many."""
-        cleared = 0
-        if distributed.current().is_main:
-            for seed, name, _ in self.plan():
-                path = self._unit_path(seed, name)
-                if name.startswith("bench") and path.exists():
-                    path.unlink()
-                    cleared += 1
-        distributed.barrier()
-        return cleared
+    def _timing_to_redo(self, units: list[tuple[int, str, Any]]) -> set[tuple[int, str]]:
+        """The plan's timing units (``bench*``), to be run again over their records; refuses a run
+        whose training units are not all finished (a retime trains nothing)."""
+        missing = [f"seed{seed}/{name}" for seed, name, _ in units if not name.startswith("bench") and not self._unit_path(seed, name).exists()]
+        if distributed.agree(bool(missing)):
+            raise ConfigError(
+                f"--retime times a finished run, and '{self.out}' misses {len(missing)} training unit(s) "
+                f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): run it without --retime first"
+            )
+        return {(seed, name) for seed, name, _ in units if name.startswith("bench")}
 
     def run(self, finished_only: bool = False, retime: bool = False) -> dict[str, Any]:
         """Run every unfinished unit, then write the outputs. ``finished_only``: run nothing and
         write the outputs of the units already finished (a partial run, said so in the notes).
-        ``retime``: time every saved model again first (:meth:`clear_timing`)."""
+        ``retime``: run every timing unit again (its record replaced when it finishes, so an
+        interrupted retime keeps the timings it has not redone); the run must be finished, and
+        nothing is trained. For timings taken on a busy machine, e.g. seeds trained side by side."""
         if finished_only and retime:
             raise ConfigError("--retime times the models again and --finished-only runs nothing: use one of them")
         started = time.time()
-        if retime:
-            self.log(f"retiming: {self.clear_timing()} timing record(s) cleared in {self.out}; trained models are kept")
         units = self.plan()
+        redo = self._timing_to_redo(units) if retime else set()
+        if redo:
+            self.log(f"retiming: {len(redo)} timing unit(s) run again in {self.out}; trained models are kept")
         done = sum(self._unit_path(seed, name).exists() for seed, name, _ in units)
         if done:
             self.log(f"resuming: {done} of {len(units)} units already finished in {self.out}")
@@ -844,7 +848,7 @@ class Experiment:
         bar = tqdm(units, desc=self.cfg.name, disable=not self.progress)
         for (seed, name, work), index in zip(bar, seed_indices(units), strict=True):
             bar.set_postfix(unit=f"seed{seed}/{name}")
-            record = self._unit(seed, name, index, work)
+            record = self._unit(seed, name, index, work, redo=(seed, name) in redo)
             rows += record.get("rows", [])
             if name == "dense" and record.get("loss_curve"):
                 self.curves[f"dense, seed {seed}"] = record["loss_curve"]

@@ -21,6 +21,7 @@ seeds' units first); each part reproduces from its own command, which the merged
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from budgeted_attention.config import to_dict
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.io import write_json_atomic, write_yaml_atomic
 
@@ -51,21 +53,50 @@ def _read_part(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return config, info
 
 
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"train.lr": 0.001, ...}``: a nested config as dotted keys (lists are values)."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        flat.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def _resolved(config: dict[str, Any], part: Path) -> dict[str, Any]:
+    """A part's config as the experiment resolves it (defaults filled in, so a part written by
+    older code, without a key added since at its default, equals a newer one), seeds and the
+    training device left out: where a seed trained is not what it computed."""
+    from budgeted_attention.recipes.experiment import config_from_dict  # noqa: PLC0415
+
+    try:
+        resolved = to_dict(config_from_dict({**config, "seeds": [0]}))
+    except ConfigError as exc:
+        raise ConfigError(f"'{part}/config.yaml': {exc}") from None
+    resolved["train"].pop("device", None)
+    resolved.pop("seeds", None)
+    return resolved
+
+
 def _check_compatible(parts: list[Path], configs: list[dict[str, Any]]) -> list[int]:
-    """The union of the parts' seeds, sorted; refuses parts whose configs differ beyond the seeds,
-    overlapping seeds, different tokenizers, or a part missing a seed's units."""
-    first = {k: v for k, v in configs[0].items() if k != "seeds"}
+    """The union of the parts' seeds, sorted; refuses parts whose configs differ beyond the seeds
+    (and the training device), overlapping seeds, different tokenizers, or a seed without its
+    units or checkpoints."""
+    first = _flat(_resolved(configs[0], parts[0]))
     seen: dict[int, Path] = {}
     for part, config in zip(parts, configs, strict=True):
-        other = {k: v for k, v in config.items() if k != "seeds"}
+        other = _flat(_resolved(config, part))
         if other != first:
             keys = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
-            raise ConfigError(f"'{part}' and '{parts[0]}' differ in more than their seeds (config keys: {', '.join(keys)}); only seeds may differ")
+            raise ConfigError(f"'{part}' and '{parts[0]}' differ in more than their seeds ({', '.join(keys)}); only seeds may differ")
         for seed in config["seeds"]:
+            if isinstance(seed, bool) or not isinstance(seed, int):
+                raise ConfigError(f"'{part}/config.yaml' lists seed {seed!r}; seeds are integers")
             if seed in seen:
                 raise ConfigError(f"seed {seed} is in both '{seen[seed]}' and '{part}'; each seed must come from one part")
-            if not (part / "units" / f"seed{seed}").is_dir():
-                raise ConfigError(f"'{part}' lists seed {seed} but has no units/seed{seed}: run it (or resume it) before merging")
+            for folder in ("units", "checkpoints"):
+                if not (part / folder / f"seed{seed}").is_dir():
+                    raise ConfigError(f"'{part}' lists seed {seed} but has no {folder}/seed{seed}: finish that run (resume it) before merging")
             seen[seed] = part
         for name in SHARED_FILES:
             mine, theirs = part / name, parts[0] / name
@@ -74,56 +105,64 @@ def _check_compatible(parts: list[Path], configs: list[dict[str, Any]]) -> list[
     return sorted(seen)
 
 
-def merge_runs(parts: list[str | Path], out: str | Path) -> tuple[Path, list[int]]:
-    """Copy the parts' per-seed units and checkpoints into ``out`` (a new directory) with the merged
-    config and provenance; returns (``out``, merged seeds). Outputs are written by the caller
-    (:func:`run_merged`). Built in a temporary sibling and renamed, so a failed merge leaves nothing."""
+def _stage(paths: list[Path], configs: list[dict[str, Any]], infos: list[dict[str, Any]], seeds: list[int], staging: Path) -> None:
+    """Copy the parts' seeds and shared files into ``staging``; write the merged config and provenance."""
+    for name in SHARED_FILES:
+        if (paths[0] / name).is_file():
+            shutil.copy2(paths[0] / name, staging / name)
+    invocations: list[dict[str, Any]] = []
+    for part, config, info in zip(paths, configs, infos, strict=True):
+        for seed in config["seeds"]:
+            for folder in ("units", "checkpoints"):
+                shutil.copytree(part / folder / f"seed{seed}", staging / folder / f"seed{seed}")
+        for invocation in info.get("invocations", []):
+            if isinstance(invocation, dict):
+                # A part that was itself merged keeps its inner parts' tags.
+                invocations.append({"part": str(part), **invocation})
+    write_yaml_atomic(staging / "config.yaml", {**configs[0], "seeds": seeds})
+    write_json_atomic(staging / "run_info.json", {"seeds": seeds, "environment": infos[0].get("environment", {}), "invocations": invocations})
+
+
+def _new_folder_beside(target: Path) -> Path:
+    """An empty staging folder next to ``target`` with the permissions a plain ``mkdir`` gives
+    (``mkdtemp`` makes it 0700, and the rename would keep that)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)
+    return staging
+
+
+def run_merged(parts: list[str | Path], out: str | Path, progress: bool = True, log=print) -> list[int]:
+    """Merge the parts into ``out`` (a new directory) and write its outputs from the finished units
+    (nothing is trained or timed; ``baa experiment OUT/config.yaml --out OUT --retime`` times it
+    again). Everything is built in a temporary sibling and renamed at the end, so a failed merge
+    leaves nothing behind; a merge with missing units is refused. Returns the merged seeds."""
+    from budgeted_attention.recipes.experiment import Experiment, config_from_dict  # noqa: PLC0415
+    from budgeted_attention.training import distributed  # noqa: PLC0415
+
     paths = [Path(p) for p in parts]
     if len(paths) < 2:
         raise ConfigError("merge needs at least two run directories")
     target = Path(out)
     if target.exists():
         raise ConfigError(f"--out '{target}' already exists; merge into a new directory")
-    if any(target.resolve() == p.resolve() for p in paths):
-        raise ConfigError(f"--out '{target}' is one of the parts")
     read = [_read_part(p) for p in paths]
-    configs = [config for config, _ in read]
+    configs, infos = [config for config, _ in read], [info for _, info in read]
     seeds = _check_compatible(paths, configs)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging = _new_folder_beside(target)
     try:
-        for name in SHARED_FILES:
-            if (paths[0] / name).is_file():
-                shutil.copy2(paths[0] / name, staging / name)
-        invocations: list[dict[str, Any]] = []
-        for part, config, (_, info) in zip(paths, configs, read, strict=True):
-            for seed in config["seeds"]:
-                shutil.copytree(part / "units" / f"seed{seed}", staging / "units" / f"seed{seed}")
-                if (part / "checkpoints" / f"seed{seed}").is_dir():
-                    shutil.copytree(part / "checkpoints" / f"seed{seed}", staging / "checkpoints" / f"seed{seed}")
-            for invocation in info.get("invocations", []):
-                if isinstance(invocation, dict):
-                    invocations.append({**invocation, "part": str(part)})
-        merged = {**configs[0], "seeds": seeds}
-        write_yaml_atomic(staging / "config.yaml", merged)
-        write_json_atomic(staging / "run_info.json", {"seeds": seeds, "environment": read[0][1].get("environment", {}), "invocations": invocations})
+        _stage(paths, configs, infos, seeds, staging)
+        cfg = config_from_dict({**configs[0], "seeds": seeds})
+        with distributed.running("cpu"):
+            experiment = Experiment(cfg, staging, progress=progress, log=lambda *_: None)
+            experiment.run(finished_only=True)
+        if experiment.partial:
+            raise ConfigError(f"the parts do not hold finished runs: {experiment.partial.removeprefix('PARTIAL RUN: ')}")
         staging.rename(target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return target, seeds
-
-
-def run_merged(parts: list[str | Path], out: str | Path, progress: bool = True) -> list[int]:
-    """:func:`merge_runs`, then the merged run's outputs written from its finished units (nothing
-    is trained or timed; ``baa experiment OUT/config.yaml --out OUT --retime`` times it again).
-    Returns the merged seeds."""
-    from budgeted_attention.recipes.experiment import Experiment, config_from_dict  # noqa: PLC0415
-    from budgeted_attention.training import distributed  # noqa: PLC0415
-
-    target, seeds = merge_runs(parts, out)
-    config = yaml.safe_load((target / "config.yaml").read_text(encoding="utf-8"))
-    cfg = config_from_dict(config)
-    with distributed.running("cpu"):
-        Experiment(cfg, target, progress=progress).run(finished_only=True)
+    log(f"run directory: {target}")
     return seeds

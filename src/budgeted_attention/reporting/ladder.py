@@ -8,8 +8,7 @@ at the ladder model's measured speedup, by linear interpolation between the curv
 (the budget-1 model, the full architecture, counts as 1.00x: it is the reference's model). A
 ladder model outside the curve's range of speedups (faster than every budget, or slower than the
 full model), or a seed without that curve, has no match. Aggregated over seeds, the table says
-whether the curve is on or above each ladder model and whether the gap is within the seeds'
-spread. The verdict rests on the 95% confidence interval of the mean paired difference (Student's
+whether the curve is above, on or below each ladder model. The verdict rests on the 95% confidence interval of the mean paired difference (Student's
 t over the matched seeds): "above" or "below" when the interval excludes 0, "on" (a tie) when it
 includes 0. Test accuracies are only read here, never used to choose anything. Language-model
 runs (no accuracy) and runs without ladder rows or timed pruned models get no table.
@@ -27,14 +26,16 @@ from budgeted_attention.reporting.results import display_method
 LADDER = "ladder"
 
 # Two-sided 95% quantiles of Student's t, t(0.975, df) for df = 1..30 (standard tables); beyond
-# 30 degrees of freedom the normal 1.96 is within 4%.
+# 30 degrees of freedom the df-30 value is used (conservative: at most 4% above the true quantile).
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
 def confidence_interval(mean: float, std: float, n: int) -> tuple[float, float]:
     """95% confidence interval of a mean over ``n`` >= 2 paired values with sample std ``std``."""
-    t = T_975[n - 2] if n - 1 <= len(T_975) else 1.96
+    if n < 2:
+        raise ValueError(f"a confidence interval needs at least 2 values, got {n}")
+    t = T_975[min(n - 1, len(T_975)) - 1]
     half = t * std / math.sqrt(n)
     return mean - half, mean + half
 
@@ -159,7 +160,8 @@ def _verdict(entry: dict[str, Any]) -> str:
         elif high < 0:
             judged = "below (95% CI below 0)"
         else:
-            judged = f"on (a tie: the 95% CI includes 0; mean {'above' if mean >= 0 else 'below'})"
+            side = "above" if mean > 0 else "below" if mean < 0 else "equal"
+            judged = f"on (a tie: the 95% CI includes 0; mean {side})"
     verdict = f"{judged}; above in {entry['above']} of {entry['matched']} seeds"
     return f"{verdict}; {unmatched}" if unmatched else verdict
 
