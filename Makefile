@@ -117,7 +117,16 @@ results: $(STAMP)
 	$(BIN)/baa experiment --no-progress --threads 1 configs/routing_bbc_short.yaml --set 'methods=[dense,budgetformer,capped-routing]' --out runs/routing_bbc_short_speed_amd
 	# The bbc-short ladder replicated there (each seed ran as its own process, two at a time, then merged by this command):
 	$(BIN)/baa experiment --no-progress --threads 1 configs/bbc_short_all_skip.yaml --set 'methods=[dense,budgeted,budgeted-hard,ladder]' --set 'ladder=[{n_layers: 3}]' --out runs/bbc_short_ladder3_amd
-	$(BIN)/baa experiment --no-progress --threads 1 configs/bbc_short_all_skip.yaml --set 'methods=[dense,budgeted,budgeted-hard,ladder]' --set train.early_stopping_patience=6 --out runs/bbc_short_all_skip_es
+	# Warm start and ladder early-stopped on validation, budgeted stages on fixed schedules: 5 seeds, each its own part, merged, timed alone.
+	for s in 0 1 2 3 4; do $(BIN)/baa experiment --no-progress --threads 1 configs/bbc_short_all_skip.yaml --set "seeds=[$$s]" \
+		--set 'methods=[dense,budgeted,budgeted-hard,ladder]' --set train.early_stopping_patience=6 --out runs/_es_s$$s || exit 1; done
+	test -d runs/bbc_short_es_dense_ladder || $(BIN)/baa merge --no-progress runs/_es_s0 runs/_es_s1 runs/_es_s2 runs/_es_s3 runs/_es_s4 --out runs/bbc_short_es_dense_ladder
+	$(BIN)/baa experiment --no-progress runs/bbc_short_es_dense_ladder/config.yaml --out runs/bbc_short_es_dense_ladder --retime
+	# Every stage early-stopped on validation (configs/bbc_short_all_skip_es.yaml): 8 seeds, each its own part, merged, timed alone.
+	for s in 0 1 2 3 4 5 6 7; do $(BIN)/baa experiment --no-progress --threads 1 configs/bbc_short_all_skip_es.yaml --set "seeds=[$$s]" --out runs/_es2_s$$s || exit 1; done
+	test -d runs/bbc_short_all_skip_es || $(BIN)/baa merge --no-progress runs/_es2_s0 runs/_es2_s1 runs/_es2_s2 runs/_es2_s3 runs/_es2_s4 runs/_es2_s5 runs/_es2_s6 runs/_es2_s7 \
+		--out runs/bbc_short_all_skip_es
+	$(BIN)/baa experiment --no-progress runs/bbc_short_all_skip_es/config.yaml --out runs/bbc_short_all_skip_es --retime
 	$(BIN)/baa report runs/demo runs/d256 runs/bbc_short runs/minilm_bbc_short runs/demo_all runs/d256_all runs/bbc_short_all runs/minilm_bbc_short_all \
 		runs/tiny_lm_bayesian runs/tiny_lm_prior_free runs/tiny_lm_softmax runs/meta_long runs/lm_san_compare runs/lm_san_compare_long runs/lm_san runs/lm_char \
 		runs/routing_bbc_short runs/routing_demo runs/routing_minilm_bbc_short runs/serve_load_minilm runs/serve_load_minilm_floor01 \
@@ -126,7 +135,7 @@ results: $(STAMP)
 		runs/serve_load_defaults_gc runs/serve_ab_deadline_batching_gc runs/serve_load_final runs/serve_ab_deadline_batching_tight \
 		runs/minilm_all_seed1 runs/minilm_all_seed2 runs/serve_load_lean runs/routing_bbc_short_speed runs/routing_minilm_speed \
 		runs/d256_all_skip_amd runs/d256_all_amd runs/routing_bbc_short_speed_amd \
-		runs/bbc_short_ladder3_amd runs/bbc_short_all_skip_es --out docs/results.md
+		runs/bbc_short_ladder3_amd runs/bbc_short_es_dense_ladder runs/bbc_short_all_skip_es --out docs/results.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
