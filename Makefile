@@ -115,6 +115,7 @@ results: $(STAMP)
 	$(BIN)/baa bench --no-progress runs/d256_all_skip_amd --compile --budgets 0.25,0.5,0.75 --batch-sizes 1,32 --seq-lens 128 --threads 1 --rounds 5 --min-run-time 0.2 --json runs/d256_all_skip_amd/bench_compile.json
 	$(BIN)/baa demo --no-progress --config configs/d256_all.yaml --out runs/d256_all_amd
 	$(BIN)/baa experiment --no-progress --threads 1 configs/routing_bbc_short.yaml --set 'methods=[dense,budgetformer,capped-routing]' --out runs/routing_bbc_short_speed_amd
+	$(BIN)/baa experiment --no-progress --threads 2 configs/minilm_bbc_short_all.yaml --set 'seeds=[0]' --set 'methods=[dense,budgeted,budgeted-hard]' --out runs/minilm_all_seed0_amd
 	# The bbc-short ladder replicated there (each seed ran as its own process, two at a time, then merged by this command):
 	$(BIN)/baa experiment --no-progress --threads 1 configs/bbc_short_all_skip.yaml --set 'methods=[dense,budgeted,budgeted-hard,ladder]' --set 'ladder=[{n_layers: 3}]' --out runs/bbc_short_ladder3_amd
 	# Warm start and ladder early-stopped on validation, budgeted stages on fixed schedules: 5 seeds, each its own part, merged, timed alone.
@@ -135,7 +136,7 @@ results: $(STAMP)
 		runs/serve_load_defaults_gc runs/serve_ab_deadline_batching_gc runs/serve_load_final runs/serve_ab_deadline_batching_tight \
 		runs/minilm_all_seed1 runs/minilm_all_seed2 runs/serve_load_lean runs/routing_bbc_short_speed runs/routing_minilm_speed \
 		runs/d256_all_skip_amd runs/d256_all_amd runs/routing_bbc_short_speed_amd \
-		runs/bbc_short_ladder3_amd runs/bbc_short_es_dense_ladder runs/bbc_short_all_skip_es --out docs/results.md
+		runs/bbc_short_ladder3_amd runs/bbc_short_es_dense_ladder runs/bbc_short_all_skip_es runs/minilm_all_seed0_amd --out docs/results.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
