@@ -202,14 +202,12 @@ def _commands(info: dict[str, Any]) -> list[str]:
     if not invocations:
         return ["", "Produced by: command not recorded (no run_info.json invocations)."]
     out.append("```")
-    group = None
     for invocation in invocations:
         command = invocation.get("command") if isinstance(invocation, dict) else None
         part = invocation.get("part") if isinstance(invocation, dict) else None
-        if merged and part != group:
-            out.append(f"# part {part}" if part else "# the merged run")
-            group = part
-        out.append(render_command(command))
+        # A trailing comment, not a line of its own: a "# ..." line reads as a heading to Markdown tools.
+        note = (f"  # part {part}" if part else "  # the merged run") if merged else ""
+        out.append(render_command(command) + note)
     out.append("```")
     return out
 
