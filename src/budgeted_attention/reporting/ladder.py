@@ -8,9 +8,9 @@ at the ladder model's measured speedup, by linear interpolation between the curv
 (the budget-1 model, the full architecture, counts as 1.00x: it is the reference's model). A
 ladder model outside the curve's range of speedups (faster than every budget, or slower than the
 full model), or a seed without that curve, has no match. Aggregated over seeds, the table says
-whether the curve is above, on or below each ladder model. The verdict rests on the 95% confidence interval of the mean paired difference (Student's
-t over the matched seeds): "above" or "below" when the interval excludes 0, "on" (a tie) when it
-includes 0. Test accuracies are only read here, never used to choose anything. Language-model
+whether the curve is above, on or below each ladder model. The verdict rests on the 95%
+confidence interval of the mean paired difference (Student's t over the matched seeds): "above"
+or "below" when the interval excludes 0, "on" (a tie) when it includes 0. Test accuracies are only read here, never used to choose anything. Language-model
 runs (no accuracy) and runs without ladder rows or timed pruned models get no table.
 """
 

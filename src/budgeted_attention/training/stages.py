@@ -473,7 +473,7 @@ def train_hard(
     for param in frozen:
         param.requires_grad_(False)
     chosen = sandwich if use_sandwich else loss_fn
-    evaluate, eval_every = _stage_validation(cfg, task, val, val_budgets, lambda b: {"gates": ranking.masks(b)})
+    evaluate, eval_every = _stage_validation(cfg, task, val, val_budgets, lambda b: {"gates": hard_mask(b)})
     try:
         return run_steps(
             model, train, cfg.hard_steps, chosen, cfg, seed=seed, lr=cfg.hard_lr, desc=desc, progress=progress,
