@@ -156,8 +156,10 @@ def test_a_run_that_fails_to_load_reports_it_on_readyz(tmp_path):
             if "run directory not found" in response.text:
                 break
             time.sleep(0.05)
-        assert response.status_code == 503 and "run directory not found" in response.json()["error"]
-        assert c.get("/healthz").status_code == 200
+        assert response.status_code == 503 and "run directory not found: 'missing'" in response.json()["error"]
+        assert str(tmp_path) not in response.text  # no absolute paths in error bodies by default
+        health = c.get("/healthz")  # a model that cannot load is not coming back: the orchestrator should replace us
+        assert health.status_code == 503 and "failed to load" in health.json()["error"]
 
 
 def test_an_unexpected_error_is_a_json_500_and_counted(tiny_run):

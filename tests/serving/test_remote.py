@@ -79,7 +79,7 @@ def test_the_server_with_an_engine_process(tiny_run):
     assert not engine._process.is_alive()  # shutdown stopped the child after the last batch
 
 
-def test_a_dead_engine_process_makes_the_server_unready(tiny_run):
+def test_a_dead_engine_process_is_restarted_without_an_operator(tiny_run):
     pytest.importorskip("fastapi", reason="the serve extra is not installed")
     from fastapi.testclient import TestClient  # noqa: PLC0415
 
@@ -91,11 +91,21 @@ def test_a_dead_engine_process_makes_the_server_unready(tiny_run):
         while not app.state.baa.ready and app.state.baa.failed is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert client.get("/readyz").status_code == 200
-        app.state.baa.engine._process.kill()
-        app.state.baa.engine._process.join(10)
-        response = client.get("/readyz")
+        first = app.state.baa.engine
+        first._process.kill()
+        first._process.join(10)
+        response = client.get("/readyz")  # unready at once, not after the next heartbeat
         assert response.status_code == 503 and "engine process exited" in response.json()["error"]
-        assert client.post("/v1/classify", json={"texts": ["a"]}).status_code == 503
+        assert "Retry-After" in response.headers and client.get("/healthz").status_code == 200
+        refused = client.post("/v1/classify", json={"texts": ["a"]})
+        assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
+        deadline = time.monotonic() + 120
+        while client.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert app.state.baa.engine is not first and app.state.baa.engine.alive()
+        assert client.post("/v1/classify", json={"texts": ["a"]}).status_code == 200
+        assert "baa_engine_restarts_total 1.0" in client.get("/metrics").text
+        assert client.get("/readyz").json()["restarts"] == 1
 
 
 def test_the_server_process_leaves_the_engine_cpus_to_the_engine(tiny_run, monkeypatch):

@@ -7,9 +7,11 @@
   ``GET /metrics`` (Prometheus), ``GET /v1/info`` (model, budgets, latency table),
   ``GET /openapi.json`` (the schema).
 
-Bad requests get a 4xx whose ``error`` names the problem: malformed JSON 400; a wrong type, a
-missing or unknown field, an empty list, a budget outside (0, 1] 422; too many or too long texts
-413. Overload gets 503 with ``Retry-After`` (queue full, deadline passed, not ready yet).
+Every error body is ``{"error": "..."}`` naming the problem: malformed JSON 400; a wrong type, a
+missing or unknown field, an empty list, invalid Unicode, a budget outside (0, 1] 422; too many or
+too long texts, or a body over ``serve.max_body_bytes``, 413; a missing or wrong API key 401; too
+many or too large headers 431; a stalled request 408; an unknown route 404. Overload gets 503 with
+``Retry-After`` (queue full, deadline passed, not ready yet, engine restarting).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import time
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -27,16 +30,20 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from budgeted_attention.serving import http
 from budgeted_attention.serving.batcher import Batcher, DeadlineExpired, Overloaded
 from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.latency import LatencyModel, calibrate
 from budgeted_attention.serving.metrics import ServerMetrics, worker_exited
 from budgeted_attention.serving.process import freeze_garbage_collector, pin_process, server_cpus
+from budgeted_attention.serving.supervisor import FAILED, LOADING, READY, EngineUnavailable, Supervisor
 
 log = logging.getLogger("budgeted_attention.serve")
 ENV_SETTINGS = "BAA_SERVE_SETTINGS"  # JSON settings for worker processes (baa serve --workers N)
+ENV_API_KEY = "BAA_API_KEY"  # the API key (baa serve --api-key, or set by the operator)
 
 
 class ClassifyRequest(BaseModel):
@@ -47,6 +54,18 @@ class ClassifyRequest(BaseModel):
     texts: list[str] = Field(min_length=1, description="texts to classify (at least one)")
     budget: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False, description="attention budget in (0, 1]")
     latency_ms: float | None = Field(default=None, gt=0.0, allow_inf_nan=False, description="deadline in milliseconds from arrival")
+
+    @field_validator("texts")
+    @classmethod
+    def _valid_unicode(cls, texts: list[str]) -> list[str]:
+        """Texts must be encodable as UTF-8: JSON can carry a lone surrogate (``"\\ud800"``),
+        which no tokenizer takes."""
+        for index, text in enumerate(texts):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"texts[{index}] is not valid Unicode: lone surrogate U+{ord(text[exc.start]):04X} at character {exc.start}") from None
+        return texts
 
 
 class ClassifyResponse(BaseModel):
@@ -76,37 +95,67 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     parts = []
     for error in errors[:3]:
         location = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
-        message = error.get("msg", "invalid")
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
         if error.get("type") == "extra_forbidden":
             message = "unknown field"
         parts.append(f"{location}: {message}")
     return 422, "; ".join(parts)
 
 
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s'\"/]+/)*([^\s'\"/]+)")
+
+
+def hide_paths(text: str) -> str:
+    """``text`` with every absolute path cut to its last part (error bodies and ``/v1/info`` do not
+    tell a client where the server's files live unless ``serve.expose_paths``)."""
+    return _ABSOLUTE_PATH.sub(r"\1", text)
+
+
 class ServerState:
-    """Everything the routes share; ``ready`` once the engine is loaded and calibrated."""
+    """Everything the routes share; ready while the supervisor has an engine that answers."""
 
     def __init__(self, cfg: ServeConfig) -> None:
         self.cfg = cfg
         self.metrics = ServerMetrics()
-        self.engine: Any = None
+        self.supervisor: Supervisor | None = None
         self.batcher: Batcher | None = None
-        self.latency: LatencyModel | None = None
         self.floor = 1.0
-        self.ready = False
-        self.failed: str | None = None
+        self.loaded = False  # the batcher runs (the first engine came up)
         self.started = time.monotonic()
         self.ready_seconds: float | None = None  # from app creation (imports before it not counted)
-        self.startup: dict[str, float] = {}
+
+    @property
+    def engine(self) -> Any:
+        return None if self.supervisor is None else self.supervisor.engine
+
+    @property
+    def latency(self) -> LatencyModel | None:
+        return None if self.supervisor is None else self.supervisor.latency
+
+    @property
+    def failed(self) -> str | None:
+        """Why no request can be served now: the engine failed or restarts (None while it loads or is ready)."""
+        if self.supervisor is None or self.supervisor.state in (LOADING, READY):
+            return None
+        return self.public(self.supervisor.reason)
+
+    @property
+    def ready(self) -> bool:
+        return self.serving()
 
     def serving(self) -> bool:
-        """Ready, and the engine can still answer: a dead engine process turns the server unready
-        (``/readyz`` 503, requests 503) instead of failing every batch."""
-        alive = getattr(self.engine, "alive", None)  # an engine given to create_app may not have it
-        if self.ready and alive is not None and not alive():
-            self.ready, self.failed = False, "the engine process exited; restart the server"
-            log.error("baa serve: %s", self.failed)
-        return self.ready
+        """An engine is ready (``/readyz`` 200); False while it loads or restarts."""
+        return self.loaded and self.supervisor is not None and self.supervisor.ready_now()
+
+    def alive(self) -> bool:
+        """False once the engine cannot be brought back (``/healthz`` 503)."""
+        return self.supervisor is None or self.supervisor.state != FAILED
+
+    def retry_after(self) -> str:
+        return str(self.supervisor.retry_after() if self.supervisor is not None else 1)
+
+    def public(self, text: str) -> str:
+        return text if self.cfg.expose_paths else hide_paths(text)
 
 
 def calibrate_engine(engine: Any, cfg: ServeConfig, seq_len: int) -> LatencyModel:
@@ -124,6 +173,19 @@ def calibrate_engine(engine: Any, cfg: ServeConfig, seq_len: int) -> LatencyMode
         return time.perf_counter() - start
 
     return calibrate(run_batch, cfg.budgets, cfg.calibration_batch_sizes, seq_len=seq_len, warmup=cfg.warmup_batches)
+
+
+def info_paths(engine: Any, expose: bool) -> dict[str, Any]:
+    """Where the model came from, for ``/v1/info``: names relative to the run directory unless
+    ``expose`` (then absolute paths and the process ids)."""
+    if expose:
+        return {"run_dir": str(engine.run_dir), "checkpoint": str(engine.checkpoint), "pid": os.getpid(), "engine_pid": getattr(engine, "pid", None)}
+    checkpoint = Path(engine.checkpoint)
+    try:
+        checkpoint = checkpoint.relative_to(engine.folder())
+    except ValueError:
+        checkpoint = Path(checkpoint.name)
+    return {"run_dir": Path(engine.run_dir).name, "checkpoint": str(checkpoint)}
 
 
 def calibration_length(engine: Any, cfg: ServeConfig) -> int:
@@ -144,44 +206,59 @@ def create_app(
     seed: int | None = None,
     onnx_dir: str | Path | None = None,
     engine: Any = None,
+    api_key: str | None = None,
 ) -> FastAPI:
     """The server for a run directory's budgeted-hard model (or a given ``engine``, for tests).
 
     The model loads in the background after start-up, so ``/healthz`` answers at once and
-    ``/readyz`` turns 200 when the model is loaded, warmed and its latency calibrated.
+    ``/readyz`` turns 200 when the model is loaded, warmed and its latency calibrated. With
+    ``api_key`` every route but the probes needs ``Authorization: Bearer <api_key>``.
     """
     state = ServerState(cfg)
 
-    def load() -> None:
-        from budgeted_attention.serving.engine import Engine  # noqa: PLC0415
-        from budgeted_attention.serving.remote import RemoteEngine  # noqa: PLC0415
+    def start_engine() -> Any:
+        from budgeted_attention.serving.engine import Engine  # noqa: PLC0415 - torch loads in the loader thread, not at import
+        from budgeted_attention.serving.remote import RemoteEngine  # noqa: PLC0415 - as above
 
-        started = time.monotonic()
         if engine is not None:
-            state.engine = engine
-        else:
-            state.engine = (RemoteEngine if cfg.engine_process else Engine)(run_dir, cfg, seed=seed, onnx_dir=onnx_dir)
-            if cfg.engine_cpus:  # the engine process has pinned itself; this process leaves its CPUs to it
-                pin_process(server_cpus(cfg.engine_cpus))
-        state.floor = state.engine.min_allowed_budget()
-        loaded = time.monotonic()
-        state.latency = calibrate_engine(state.engine, cfg, calibration_length(state.engine, cfg))
-        state.startup = {"load_seconds": round(loaded - started, 3), "calibration_seconds": round(time.monotonic() - loaded, 3)}
+            return engine
+        started = (RemoteEngine if cfg.engine_process else Engine)(run_dir, cfg, seed=seed, onnx_dir=onnx_dir)
+        if cfg.engine_cpus:  # the engine process has pinned itself; this process leaves its CPUs to it
+            pin_process(server_cpus(cfg.engine_cpus))
+        return started
+
+    def set_latency(latency: LatencyModel) -> None:
+        if state.batcher is not None:  # a restarted engine's new timing
+            state.batcher.latency = latency
+
+    state.supervisor = Supervisor(
+        start_engine, lambda e: calibrate_engine(e, cfg, calibration_length(e, cfg)), cfg,
+        on_restart=state.metrics.restarts.inc, on_latency=set_latency,
+    )
+
+    async def watch() -> None:
+        """The heartbeat: a dead or stopped engine process is found between batches too."""
+        while True:
+            await asyncio.sleep(cfg.heartbeat_s)
+            await asyncio.to_thread(state.supervisor.check)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        watcher: asyncio.Task | None = None
+
         async def start() -> None:
+            nonlocal watcher
             try:
-                await asyncio.to_thread(load)
-            except Exception as exc:  # noqa: BLE001 - reported by /readyz and the log, the process stays up
-                state.failed = f"{type(exc).__name__}: {exc}"
-                log.error("baa serve: model failed to load: %s", state.failed)
+                await asyncio.to_thread(state.supervisor.first_start)
+            except Exception:  # noqa: BLE001 - reported by /readyz, /healthz and the log; the process stays up
                 return
-            state.batcher = Batcher(state.engine, cfg, state.latency, state.floor, state.metrics)
+            state.floor = state.engine.min_allowed_budget()
+            state.batcher = Batcher(state.supervisor, cfg, state.latency, state.floor, state.metrics)
             if cfg.freeze_gc and engine is None:  # a test's injected engine shares this process with pytest
                 freeze_garbage_collector()
             state.batcher.start()
-            state.ready = True
+            watcher = asyncio.create_task(watch(), name="baa-engine-heartbeat")
+            state.loaded = True
             state.ready_seconds = time.monotonic() - state.started
             log.info("baa serve: ready in %.1f s", state.ready_seconds)
 
@@ -189,10 +266,12 @@ def create_app(
         app.state.baa = state
         yield
         await loader
+        if watcher is not None:
+            watcher.cancel()
         if state.batcher is not None:
             await state.batcher.drain()  # in-flight and queued requests finish first
-        if engine is None and hasattr(state.engine, "close"):  # our engine process exits after the last batch
-            await asyncio.to_thread(state.engine.close)
+        if engine is None:  # our engine process exits after the last batch
+            await asyncio.to_thread(state.supervisor.close)
         worker_exited()  # with several workers: this one's queue gauge stops counting
 
     app = FastAPI(
@@ -201,12 +280,25 @@ def create_app(
         description="Text classification at an attention budget, a deadline, or the server's latency policy.",
         lifespan=lifespan,
     )
+    app.add_middleware(
+        http.RequestGuard, cfg=cfg, api_key=api_key, count=state.metrics.request, disconnected=state.metrics.client_disconnected,
+    )
+    http.guarded_protocol_observer(state.metrics.request)
+
+    def unavailable(message: str) -> JSONResponse:
+        return _error(503, message, {"Retry-After": state.retry_after()})
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         status, message = _validation_message(exc)
         state.metrics.request(status)
         return _error(status, message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # The framework's own refusals (404, 405) in the server's one error shape.
+        state.metrics.request(exc.status_code)
+        return _error(exc.status_code, str(exc.detail), dict(exc.headers or {}))
 
     @app.exception_handler(Exception)
     async def on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
@@ -215,43 +307,47 @@ def create_app(
         state.metrics.request(500)
         return _error(500, f"internal error: {type(exc).__name__}")
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        """The process is alive."""
-        return {"status": "ok"}
+    @app.get("/healthz", responses={503: {"model": ErrorResponse}})
+    async def healthz() -> Any:
+        """200 while the server can serve or recover; 503 once the engine cannot be brought back."""
+        if state.alive():
+            return {"status": "ok"}
+        return _error(503, state.failed or "engine failed")
 
     @app.get("/readyz", responses={503: {"model": ErrorResponse}})
     async def readyz() -> Any:
-        """200 once the model is loaded and warmed, else 503."""
+        """200 while an engine is loaded, warmed and answering, else 503."""
         if state.serving():
-            return {"status": "ready", "ready_seconds": round(state.ready_seconds or 0.0, 3), **state.startup}
-        return _error(503, state.failed or "loading", {"Retry-After": "1"})
+            supervisor = state.supervisor
+            return {"status": "ready", "ready_seconds": round(state.ready_seconds or 0.0, 3), **supervisor.startup, "restarts": supervisor.restarts}
+        return unavailable(state.failed or "loading")
 
     @app.get("/metrics")
     async def metrics() -> Response:
         body, content_type = state.metrics.exposition()
         return Response(body, media_type=content_type)
 
-    @app.get("/v1/info")
+    @app.get("/v1/info", responses={503: {"model": ErrorResponse}})
     async def info() -> Any:
         """Model, budgets with their estimated cost and validation accuracy, the latency model."""
         if not state.serving():
-            return _error(503, state.failed or "loading", {"Retry-After": "1"})
+            return unavailable(state.failed or "loading")
         return {
             **state.engine.describe(),
+            **info_paths(state.engine, cfg.expose_paths),
             "policy": cfg.policy,
             "floor_budget": state.floor,
             "latency_model": state.latency.as_dict(),
             "config": asdict(cfg),
-            "pid": os.getpid(),
+            "restarts": state.supervisor.restarts,
         }
 
     @app.post(
         "/v1/classify",
         response_model=ClassifyResponse,
-        responses={400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 422: {"model": ErrorResponse}, 503: {"model": ErrorResponse}},
+        responses={s: {"model": ErrorResponse} for s in (400, 401, 408, 413, 422, 431, 503)},
     )
-    async def classify(body: ClassifyRequest) -> Any:
+    async def classify(body: ClassifyRequest, request: Request) -> Any:
         """Classify texts at ``budget``, within ``latency_ms``, or under the server's policy."""
         arrival = time.perf_counter()
         problem = _check_limits(body, cfg)
@@ -263,7 +359,7 @@ def create_app(
             return _error(422, "give either budget or latency_ms, not both")
         if not state.serving():
             state.metrics.request(503)
-            return _error(503, state.failed or "model is loading", {"Retry-After": "1"})
+            return unavailable(state.failed or "model is loading")
         ids = state.engine.tokenize(body.texts)
         budget = cfg.snap_budget(body.budget) if body.budget is not None else None
         try:
@@ -274,6 +370,13 @@ def create_app(
         except DeadlineExpired as exc:
             state.metrics.request(503)
             return _error(503, str(exc), {"Retry-After": "1"})
+        except EngineUnavailable as exc:
+            state.metrics.request(503)
+            return _error(503, state.public(str(exc)), {"Retry-After": str(exc.retry_after)})
+        if await request.is_disconnected():  # the answer would go nowhere: a disconnect, not a 200
+            state.metrics.client_disconnected()
+            log.info("baa serve: client disconnected before its answer (POST /v1/classify)")
+            return Response(status_code=204)
         probabilities = result.probabilities
         label_ids = probabilities.argmax(dim=-1).tolist()
         policy = "explicit" if body.budget is not None else "deadline" if body.latency_ms is not None else cfg.policy
@@ -308,4 +411,5 @@ def app_from_env() -> FastAPI:
 
     settings = json.loads(os.environ[ENV_SETTINGS])
     cfg = from_dict(ServeConfig, settings["serve"], "serve")
-    return create_app(settings["run_dir"], cfg, seed=settings.get("seed"), onnx_dir=settings.get("onnx_dir"))
+    api_key = os.environ.get(ENV_API_KEY) or None  # the key travels in the environment, never in the settings
+    return create_app(settings["run_dir"], cfg, seed=settings.get("seed"), onnx_dir=settings.get("onnx_dir"), api_key=api_key)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import ipaddress
 import json
 import os
 import signal
+import socket
 import sys
 import tempfile
 from dataclasses import asdict
@@ -15,6 +18,7 @@ from typing import Any
 from budgeted_attention.config import apply_overrides, from_dict, load_yaml
 from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.serving.config import ServeConfig
+from budgeted_attention.serving.http import ENV_LIMITS, GUARDED_HTTP, HeadLimits
 
 
 def load_serve_config(path: str | None, overrides: list[str], backend: str | None = None) -> ServeConfig:
@@ -29,16 +33,63 @@ def load_serve_config(path: str | None, overrides: list[str], backend: str | Non
     return from_dict(ServeConfig, data, "serve")
 
 
+def check_port(host: str, port: int) -> None:
+    """Fail at once (one line, exit 2) when ``host:port`` cannot be bound, before the model loads.
+
+    Binds the way uvicorn will (``SO_REUSEADDR``, so a port in TIME_WAIT is not refused) and
+    releases it; a server that takes the port in between still fails in uvicorn's own bind.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host {host!r}: cannot resolve it ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+            raise ConfigError(f"--port {port}: {host}:{port} {why}") from None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens on this machine (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def api_key_from(args: argparse.Namespace) -> str | None:
+    """The API key: ``--api-key``, else ``$BAA_API_KEY`` (either may be empty: no key)."""
+    from budgeted_attention.serving.app import ENV_API_KEY  # noqa: PLC0415 - the app module imports FastAPI
+
+    key = getattr(args, "api_key", None) or os.environ.get(ENV_API_KEY) or None
+    if key is not None and (len(key) < 8 or any(c.isspace() for c in key)):
+        raise ConfigError("--api-key: the key must have at least 8 characters and no spaces")
+    return key
+
+
 def preflight(run_dir: str, cfg: ServeConfig, seed: int | None, onnx_dir: str | None) -> None:
     """Fail before the server starts (one line, exit 2) on what would only fail in the background
-    loader: no run directory, no budgeted-hard checkpoint or ranking, no tokenizer, missing graphs."""
-    from budgeted_attention.checkpoint import parse_ranking, read_description  # noqa: PLC0415
-    from budgeted_attention.export.onnx import graph_path  # noqa: PLC0415
-    from budgeted_attention.recipes.bench import find_hard_checkpoint  # noqa: PLC0415
+    loader: no run directory, no budgeted-hard checkpoint or ranking, weights that fail their hash,
+    no tokenizer, missing graphs."""
+    from budgeted_attention.checkpoint import checkpoint_paths, parse_ranking, read_description  # noqa: PLC0415 - torch
+    from budgeted_attention.export.onnx import graph_path  # noqa: PLC0415 - onnx is optional
+    from budgeted_attention.io import sha256_file  # noqa: PLC0415 - with the checkpoint imports
+    from budgeted_attention.recipes.bench import find_hard_checkpoint  # noqa: PLC0415 - torch
 
     checkpoint = find_hard_checkpoint(run_dir, seed, command="baa experiment")
     description = read_description(checkpoint)
     parse_ranking(checkpoint, description)
+    weights, meta = checkpoint_paths(checkpoint)
+    if not weights.is_file():
+        raise CheckpointError(f"checkpoint weights not found: '{weights}'")
+    if sha256_file(weights) != description.get("weights_sha256"):
+        raise CheckpointError(f"'{weights}' does not match '{meta}' (SHA-256 differs: truncated, corrupted or from another checkpoint)")
     if description.get("family") not in ("encoder", "bert"):
         raise CheckpointError(f"'{checkpoint}' is a {description.get('family')!r} model; baa serve classifies texts (encoder or bert runs)")
     folder = Path(run_dir) if Path(run_dir).is_dir() else checkpoint.parent
@@ -61,19 +112,31 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn  # noqa: PLC0415
 
     cfg = load_serve_config(args.config, args.overrides, args.backend)
+    api_key = api_key_from(args)
+    check_port(args.host, args.port)
     preflight(args.run_dir, cfg, args.seed, args.onnx_dir)
+    if api_key is None and not is_loopback(args.host):
+        print(f"baa serve: warning: listening on {args.host} without an API key: anyone who reaches the port can use the model "
+              "(set --api-key or $BAA_API_KEY)", file=sys.stderr)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal with the handler it found;
     # this one turns that into a clean exit (code 0) instead of death by signal (-15).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    common = {"host": args.host, "port": args.port, "log_level": args.log_level, "timeout_graceful_shutdown": 30}
-    if args.workers == 1:
-        from budgeted_attention.serving.app import create_app  # noqa: PLC0415
+    # The request-head limits reach uvicorn's protocol in every worker through the environment.
+    limits = HeadLimits(max_headers=cfg.max_headers, max_header_bytes=cfg.max_header_bytes, header_timeout_s=cfg.header_timeout_s)
+    os.environ[ENV_LIMITS] = json.dumps(asdict(limits))
+    common = {
+        "host": args.host, "port": args.port, "log_level": args.log_level, "http": GUARDED_HTTP,
+        "timeout_keep_alive": cfg.keep_alive_s, "timeout_graceful_shutdown": cfg.shutdown_timeout_s,
+    }
+    from budgeted_attention.serving.app import ENV_API_KEY, ENV_SETTINGS, create_app  # noqa: PLC0415 - FastAPI
 
-        uvicorn.run(create_app(args.run_dir, cfg, seed=args.seed, onnx_dir=args.onnx_dir), **common)
+    if args.workers == 1:
+        uvicorn.run(create_app(args.run_dir, cfg, seed=args.seed, onnx_dir=args.onnx_dir, api_key=api_key), **common)
         return
     # Several workers: each process builds its own app from the environment; metrics are shared
     # through files in a fresh directory (prometheus_client's multiprocess mode).
-    from budgeted_attention.serving.app import ENV_SETTINGS  # noqa: PLC0415
+    if api_key is not None:
+        os.environ[ENV_API_KEY] = api_key
 
     with tempfile.TemporaryDirectory(prefix="baa-metrics-") as metrics_dir:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from budgeted_attention.config import check_bool, check_budgets, check_float, check_int, check_int_list
+from budgeted_attention.config import check_bool, check_budgets, check_float, check_int, check_int_list, check_str
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.serving.process import check_cpus
 
@@ -77,6 +77,29 @@ class ServeConfig:
         warmup_batches: model calls per (budget, batch size) before timing at start-up.
         calibration_batch_sizes: batch sizes timed at start-up (others are interpolated).
         calibration_seq_len: tokens per text in the start-up timing (0: the run's median length).
+        max_body_bytes: bytes per request body, refused with 413 from its Content-Length or as
+            soon as a streamed body passes it, before any parsing. 0 (the default): derived from
+            ``max_texts`` and ``max_text_chars`` (:meth:`body_limit`), the largest valid request.
+        max_headers: header lines per request; more get 431.
+        max_header_bytes: bytes of the request line and headers together; more get 431 as soon
+            as they arrive (before the head is parsed whole).
+        header_timeout_s: a connection must deliver a whole request head within this many
+            seconds of opening (or of its previous answer), else it is answered 408 and closed.
+        body_timeout_s: the longest wait for the next part of a request body (408 past it).
+        keep_alive_s: an idle keep-alive connection is closed after this many seconds.
+        shutdown_timeout_s: on SIGTERM, how long requests in flight may take to finish; those
+            still running then are answered 503.
+        watchdog_factor: a batch taking longer than this many times its calibrated prediction
+            means a hung engine process: it is killed and restarted (``engine_process`` only).
+        watchdog_min_ms: the shortest such deadline, and the heartbeat's deadline.
+        heartbeat_s: an idle engine process is pinged this often (a dead or stopped one is replaced).
+        max_restarts: failed restarts in a row after which the server gives up (``/healthz`` 503).
+        allowed_hosts: if not empty, the Host header names a request may carry (``*.example.com``
+            matches subdomains); others get 400. Health and metrics probes are exempt.
+        auth_probes: with an API key, also require it on ``/healthz``, ``/readyz`` and ``/metrics``
+            (open by default, for orchestrators and scrapers).
+        expose_paths: show absolute paths and process ids in ``/v1/info`` and error bodies
+            (off: run and checkpoint names only).
     """
 
     backend: str = "torch"
@@ -102,6 +125,20 @@ class ServeConfig:
     warmup_batches: int = 1
     calibration_batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
     calibration_seq_len: int = 0
+    max_body_bytes: int = 0
+    max_headers: int = 100
+    max_header_bytes: int = 16384
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    keep_alive_s: float = 5.0
+    shutdown_timeout_s: float = 10.0
+    watchdog_factor: float = 10.0
+    watchdog_min_ms: float = 2000.0
+    heartbeat_s: float = 1.0
+    max_restarts: int = 3
+    allowed_hosts: list[str] = field(default_factory=list)
+    auth_probes: bool = False
+    expose_paths: bool = False
 
     def __post_init__(self) -> None:
         """Check every value, naming ``serve.<key>``."""
@@ -137,6 +174,28 @@ class ServeConfig:
         sizes = check_int_list(self.calibration_batch_sizes, "serve.calibration_batch_sizes", ge=1)
         self.calibration_batch_sizes = sorted({min(s, self.max_batch_size) for s in sizes} | {1, self.max_batch_size})
         check_int(self.calibration_seq_len, "serve.calibration_seq_len", ge=0)
+        check_int(self.max_body_bytes, "serve.max_body_bytes", ge=0)
+        check_int(self.max_headers, "serve.max_headers", ge=1)
+        check_int(self.max_header_bytes, "serve.max_header_bytes", ge=256)
+        for key in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "heartbeat_s"):
+            setattr(self, key, check_float(getattr(self, key), f"serve.{key}", gt=0.0))
+        self.shutdown_timeout_s = check_float(self.shutdown_timeout_s, "serve.shutdown_timeout_s", ge=0.0)
+        self.watchdog_factor = check_float(self.watchdog_factor, "serve.watchdog_factor", ge=1.0)
+        self.watchdog_min_ms = check_float(self.watchdog_min_ms, "serve.watchdog_min_ms", gt=0.0)
+        check_int(self.max_restarts, "serve.max_restarts", ge=1)
+        if not isinstance(self.allowed_hosts, list):
+            raise ConfigError(f"serve.allowed_hosts must be a list of host names, got {self.allowed_hosts!r}")
+        self.allowed_hosts = [check_str(h, "serve.allowed_hosts", allow_empty=False).lower() for h in self.allowed_hosts]
+        check_bool(self.auth_probes, "serve.auth_probes")
+        check_bool(self.expose_paths, "serve.expose_paths")
+
+    def body_limit(self) -> int:
+        """Bytes a request body may have: ``max_body_bytes``, or when 0 the largest valid request,
+        ``max_texts`` texts of ``max_text_chars`` characters each written as JSON escapes (12
+        bytes per character: a surrogate pair ``\\uXXXX\\uXXXX``), plus 4 KiB for the rest."""
+        if self.max_body_bytes:
+            return self.max_body_bytes
+        return self.max_texts * (12 * self.max_text_chars + 8) + 4096
 
     def snap_budget(self, budget: float) -> float:
         """The largest configured budget not above ``budget`` (the smallest one if all are above)."""

@@ -85,6 +85,8 @@ class ServerMetrics:
         )
         self.batch_size = Histogram("baa_batch_texts", "Texts per batch", buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
         self.shed_count = Counter("baa_shed", "Requests refused or dropped under load, by reason", ["reason"], registry=r)
+        self.restarts = Counter("baa_engine_restarts", "Engine processes restarted after they died or hung", registry=r)
+        self.disconnects = Counter("baa_client_disconnects", "Clients that went away before their answer (not server errors)", registry=r)
         # Gauges: the sum over workers of waiting texts; the budget of the latest batch of any worker.
         self.queue_texts = Gauge("baa_queue_texts", "Texts waiting in the queue", multiprocess_mode="livesum", registry=r)
         self.budget_in_use = Gauge("baa_budget_in_use", "Budget of the latest batch", multiprocess_mode="mostrecent", registry=r)
@@ -101,6 +103,9 @@ class ServerMetrics:
 
     def queue(self, n_texts: int) -> None:
         self.queue_texts.set(n_texts)
+
+    def client_disconnected(self) -> None:
+        self.disconnects.inc()
 
     def request(self, status: int, seconds: float | None = None, budget: float | None = None) -> None:
         self.requests.labels(str(status)).inc()

@@ -24,15 +24,16 @@ import torch
 
 from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.engine import EngineInfo, load_tokenizer
+from budgeted_attention.serving.errors import EngineGone, EngineProcessError
+
+__all__ = ["EngineGone", "EngineProcessError", "RemoteEngine"]
 
 START_TIMEOUT_S = 600.0  # loading a large checkpoint on a slow disk; a failed load answers at once
-# A batch that has not come back after this long means a hung child: it is killed, the batch fails
-# and the server stops being ready. Far above any batch a CPU server runs (seconds at most).
-RUN_TIMEOUT_S = 300.0
+# The default wait for one batch when the caller gives none (direct use, start-up calibration).
+# The server's supervisor passes a per-batch deadline derived from the calibrated latency instead.
+RUN_TIMEOUT_S = 60.0
+PING = "ping"  # the heartbeat message: the child answers ("pong", None) between batches
 
-
-class EngineProcessError(RuntimeError):
-    """The engine process failed to start, failed a call, or is gone."""
 
 
 def _child(conn, run_dir: str, settings: dict[str, Any], seed: int | None, onnx_dir: str | None) -> None:
@@ -68,6 +69,9 @@ def _child(conn, run_dir: str, settings: dict[str, Any], seed: int | None, onnx_
             return
         if message is None:
             return
+        if message == PING:
+            reply = ("pong", None)
+            continue
         ids, budget, pad_to = message
         try:
             reply = ("ok", engine.run(ids, budget, pad_to).numpy())
@@ -119,33 +123,59 @@ class RemoteEngine(EngineInfo):
     def pid(self) -> int | None:
         return self._process.pid
 
+    @property
+    def exitcode(self) -> int | None:
+        return self._process.exitcode
+
     def alive(self) -> bool:
         """Whether the child can still answer (``/readyz`` turns 503 when it cannot)."""
         return self._process.is_alive()
 
     def _receive(self, timeout: float | None, doing: str) -> tuple[str, Any]:
-        if timeout is not None and not self._conn.poll(timeout):
-            raise EngineProcessError(f"the engine process did not answer within {timeout:.0f} s while {doing}")
         try:
+            if timeout is not None and not self._conn.poll(timeout):
+                raise EngineGone(f"the engine process did not answer within {timeout:.3g} s while {doing}")
             return self._conn.recv()
         except (EOFError, OSError):
             self._process.join(timeout=1.0)
-            raise EngineProcessError(f"the engine process exited (code {self._process.exitcode}) while {doing}") from None
+            raise EngineGone(f"the engine process exited (code {self._process.exitcode}) while {doing}") from None
 
-    def run(self, ids: list[list[int]], budget: float, pad_to: int = 0) -> torch.Tensor:
-        """(batch, n_classes) class probabilities, computed in the child process."""
+    def _call(self, message: Any, timeout: float, doing: str) -> tuple[str, Any]:
+        """Send ``message`` and wait up to ``timeout`` seconds for the reply; a child that is gone
+        or hung is killed (later calls then fail at once instead of waiting again)."""
         try:
-            self._conn.send((ids, budget, pad_to))
+            self._conn.send(message)
         except (BrokenPipeError, OSError):
-            raise EngineProcessError(f"the engine process is gone (exit code {self._process.exitcode})") from None
+            self.kill()
+            raise EngineGone(f"the engine process is gone (exit code {self._process.exitcode})") from None
         try:
-            kind, payload = self._receive(RUN_TIMEOUT_S, "running a batch")
-        except EngineProcessError:
-            self._process.kill()  # hung or gone: later calls fail at once instead of waiting again
+            return self._receive(timeout, doing)
+        except EngineGone:
+            self.kill()
             raise
+
+    def run(self, ids: list[list[int]], budget: float, pad_to: int = 0, timeout: float = RUN_TIMEOUT_S) -> torch.Tensor:
+        """(batch, n_classes) class probabilities, computed in the child process.
+
+        Raises:
+            EngineGone: the child exited, or gave no answer within ``timeout`` seconds (it is killed).
+            EngineProcessError: the child failed this batch (and keeps serving).
+        """
+        kind, payload = self._call((ids, budget, pad_to), timeout, "running a batch")
         if kind != "ok":
             raise EngineProcessError(f"the engine process failed a batch: {payload}")
         return torch.from_numpy(payload)
+
+    def ping(self, timeout: float) -> None:
+        """A heartbeat between batches: returns when the child answers, else raises :class:`EngineGone`
+        (a stopped or hung child is killed)."""
+        self._call(PING, timeout, "answering a heartbeat")
+
+    def kill(self) -> None:
+        """Stop the child at once (SIGKILL works on a stopped process too) and reap it."""
+        if self._process.is_alive():
+            self._process.kill()
+        self._process.join(5.0)
 
     def close(self, timeout: float = 10.0) -> None:
         """Ask the child to exit (it finishes the call it is in), then make sure it has."""

@@ -1,0 +1,355 @@
+"""Limits a hostile or broken client meets before the application parses anything.
+
+Two layers, because some limits can only be kept where the bytes arrive:
+
+* :class:`GuardedHttpProtocol`, uvicorn's httptools protocol with the request head bounded: more
+  than ``max_headers`` header lines, or a head past ``max_header_bytes`` (counted as the bytes
+  arrive, so a 20 MB header is refused after about ``max_header_bytes``, not buffered whole),
+  get 431; a head not complete within ``header_timeout_s`` of the connection opening (or of its
+  previous answer) gets 408 (slow-loris clients). On shutdown a request whose body is still
+  arriving is answered 503 at once instead of holding the exit.
+* :class:`RequestGuard`, an ASGI middleware: the Host check, the API key, the body limit (413
+  from ``Content-Length`` before a byte of the body is read, or as soon as a streamed body passes
+  ``max_body_bytes``), the body's read timeout (408), client disconnects counted apart from server
+  errors (one log line), and a request cancelled by a shutdown past ``shutdown_timeout_s``
+  answered 503 instead of uvicorn's text 500.
+
+Every refusal is JSON ``{"error": "..."}``, the one error shape of the server, and closes the
+connection (the rest of an oversized body is never read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("budgeted_attention.serve")
+
+ENV_LIMITS = "BAA_HTTP_LIMITS"  # JSON HeadLimits for uvicorn's protocol in every worker process
+PROBES = ("/healthz", "/readyz", "/metrics")  # open to orchestrators and scrapers unless auth_probes
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def error_body(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
+
+
+# ---------------------------------------------------------------------------- the request head
+
+
+@dataclass
+class HeadLimits:
+    """What :class:`GuardedHttpProtocol` enforces (from the server settings)."""
+
+    max_headers: int = 100
+    max_header_bytes: int = 16384
+    header_timeout_s: float = 10.0
+
+    @classmethod
+    def from_env(cls) -> HeadLimits:
+        raw = os.environ.get(ENV_LIMITS)
+        return cls(**json.loads(raw)) if raw else cls()
+
+
+def raw_response(status: int, reason: str, message: str, extra: list[tuple[str, str]] = ()) -> bytes:
+    """A complete HTTP/1.1 response with a JSON error body that closes the connection."""
+    body = error_body(message)
+    head = [f"HTTP/1.1 {status} {reason}", "content-type: application/json", f"content-length: {len(body)}", "connection: close"]
+    head += [f"{name}: {value}" for name, value in extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+
+
+class _Refused(Exception):
+    """Raised inside a parser callback to stop parsing; the protocol answers ``status``."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+
+def make_guarded_protocol() -> type:
+    """uvicorn's httptools protocol with the request head bounded (see the module docstring)."""
+    # Imported here: the class derives from uvicorn's, and only the server process needs uvicorn.
+    import httptools  # noqa: PLC0415
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415
+
+    class GuardedHttpProtocol(HttpToolsProtocol):
+        limits: HeadLimits | None = None
+
+        @classmethod
+        def head_limits(cls) -> HeadLimits:
+            if cls.limits is None:
+                cls.limits = HeadLimits.from_env()
+            return cls.limits
+
+        def connection_made(self, transport) -> None:  # noqa: ANN001 - asyncio's signature
+            super().connection_made(transport)
+            self._new_head()
+
+        def _new_head(self) -> None:
+            """A request head may start now: count its bytes and lines, and time it."""
+            self._in_head, self._head_bytes, self._head_lines = True, 0, 0
+            timer = getattr(self, "_head_timer", None)
+            if timer is not None:
+                timer.cancel()
+            self._head_timer = self.loop.call_later(self.head_limits().header_timeout_s, self._head_timed_out)
+
+        def _head_timed_out(self) -> None:
+            if self._in_head and not self.transport.is_closing():
+                if self._head_bytes:  # a client that started a request and stalled (slow loris)
+                    self._refuse(408, "Request Timeout", f"request head not complete within {self.head_limits().header_timeout_s:g} s")
+                else:  # an idle connection that never sent anything: close without an answer
+                    self.transport.close()
+
+        def _refuse(self, status: int, reason: str, message: str) -> None:
+            log.warning("baa serve: %s from %s: %s", status, self.client[0] if self.client else "?", message)
+            if _OBSERVER:
+                _OBSERVER[-1](status)
+            self._in_head = False
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.disconnected = True  # the application's later answer goes nowhere
+                self.cycle.message_event.set()
+            if not self.transport.is_closing():
+                self.transport.write(raw_response(status, reason, message))
+                self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            self._unset_keepalive_if_required()
+            if self._in_head:
+                self._head_bytes += len(data)
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserCallbackError as exc:
+                refused = exc.__context__ if isinstance(exc.__context__, _Refused) else None
+                if refused is None:
+                    self.send_400_response("Invalid HTTP request received.")
+                else:
+                    self._refuse(refused.status, refused.reason, refused.message)
+                return
+            except httptools.HttpParserUpgrade:
+                self._unsupported_upgrade_warning()
+                return
+            except httptools.HttpParserError:
+                self.send_400_response("Invalid HTTP request received.")
+                return
+            limit = self.head_limits().max_header_bytes
+            if self._in_head and self._head_bytes > limit:  # a head still arriving, already too long
+                self._refuse(431, "Request Header Fields Too Large", f"request head over {limit} bytes (serve.max_header_bytes)")
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._in_head, self._head_lines, self._parsed_head = True, 0, 0
+
+        def on_url(self, url: bytes) -> None:
+            super().on_url(url)
+            self._count(len(url))
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._head_lines += 1
+            if self._head_lines > self.head_limits().max_headers:
+                raise _Refused(431, "Request Header Fields Too Large", f"more than {self.head_limits().max_headers} header lines (serve.max_headers)")
+            self._count(len(name) + len(value) + 4)
+            super().on_header(name, value)
+
+        def _count(self, n: int) -> None:
+            self._parsed_head = getattr(self, "_parsed_head", 0) + n
+            limit = self.head_limits().max_header_bytes
+            if self._parsed_head > limit:
+                raise _Refused(431, "Request Header Fields Too Large", f"request head over {limit} bytes (serve.max_header_bytes)")
+
+        def on_headers_complete(self) -> None:
+            self._in_head, self._parsed_head = False, 0
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._new_head()  # the next request on this keep-alive connection
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            super().connection_lost(exc)
+
+        def shutdown(self) -> None:
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete and not cycle.response_started and cycle.more_body:
+                # The body is still arriving: answer now rather than hold the exit until it does.
+                self._refuse(503, "Service Unavailable", "server is shutting down")
+                return
+            super().shutdown()
+
+    return GuardedHttpProtocol
+
+
+_PROTOCOL: type | None = None
+_OBSERVER: list[Callable[[int], None]] = []  # counts the protocol's refusals: the latest app's metrics
+
+
+def guarded_protocol_observer(count: Callable[[int], None]) -> None:
+    """Count the refusals of the request-head checks with ``count`` (called with the status)."""
+    _OBSERVER[:] = [count]
+# What ``uvicorn.run(http=...)`` is given: an import string, so worker processes build the class
+# themselves (through the module ``__getattr__`` below) instead of unpickling it.
+GUARDED_HTTP = "budgeted_attention.serving.http:GuardedHttpProtocol"
+
+
+def guarded_protocol() -> type:
+    """The protocol class (built once per process, so the class-level limits are shared)."""
+    global _PROTOCOL  # noqa: PLW0603
+    if _PROTOCOL is None:
+        _PROTOCOL = make_guarded_protocol()
+    return _PROTOCOL
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GuardedHttpProtocol":
+        return guarded_protocol()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ---------------------------------------------------------------------------- the ASGI guard
+
+
+class RequestGuard:
+    """ASGI middleware: Host, API key, body size and time, disconnects and shutdown cancellation.
+
+    Args:
+        app: the FastAPI application.
+        cfg: the server settings (``allowed_hosts``, ``auth_probes``, the body limits).
+        api_key: the key ``Authorization: Bearer`` must carry, or None for an open server.
+        count: called with the status of each refusal (the metrics).
+        disconnected: called once per client that went away before its answer.
+    """
+
+    def __init__(self, app: Any, cfg: Any, api_key: str | None, count: Callable[[int], None], disconnected: Callable[[], None]) -> None:
+        self.app, self.cfg, self.count, self.disconnected = app, cfg, count, disconnected
+        self._key = api_key.encode() if api_key else None
+        self.body_limit = cfg.body_limit()
+
+    async def _refuse(self, send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+        self.count(status)
+        body = error_body(message)
+        await send({
+            "type": "http.response.start", "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close"), *headers],
+        })
+        await send({"type": "http.response.body", "body": body})
+
+    def _host_allowed(self, headers: dict[bytes, bytes]) -> bool:
+        host = headers.get(b"host", b"").decode("latin-1").lower()
+        if host.startswith("["):  # an IPv6 literal: [::1]:8000
+            host = host[1 : host.find("]")] if "]" in host else host
+        else:
+            host = host.rsplit(":", 1)[0]
+        return any(host == allowed or (allowed.startswith("*.") and host.endswith(allowed[1:])) for allowed in self.cfg.allowed_hosts)
+
+    def _authorised(self, headers: dict[bytes, bytes]) -> bool:
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        head = scope["headers"]
+        if len(head) > self.cfg.max_headers or sum(len(n) + len(v) + 4 for n, v in head) > self.cfg.max_header_bytes:
+            await self._refuse(send, 431, "request headers over serve.max_headers / serve.max_header_bytes")
+            return
+        headers = dict(head)
+        probe = scope["path"] in PROBES
+        if self.cfg.allowed_hosts and not probe and not self._host_allowed(headers):
+            host = headers.get(b"host", b"").decode("latin-1")[:100]
+            await self._refuse(send, 400, f"Host {host!r} is not one of serve.allowed_hosts")
+            return
+        if self._key is not None and (not probe or self.cfg.auth_probes) and not self._authorised(headers):
+            await self._refuse(send, 401, "missing or wrong API key (send 'Authorization: Bearer <key>')", [(b"www-authenticate", b"Bearer")])
+            return
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            body = await self._read_body(scope, receive, send, headers)
+            if body is None:
+                return
+            receive = _replay(body, receive)
+        await self._call_app(scope, receive, send)
+
+    async def _read_body(self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes]) -> bytes | None:
+        """The whole body, or None once the request was refused or the client left."""
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                await self._refuse(send, 400, "Content-Length is not a number")
+                return None
+            if int(declared) > self.body_limit:
+                await self._refuse(send, 413, f"body of {int(declared)} bytes, the limit is serve.max_body_bytes = {self.body_limit}")
+                return None
+        parts, size = [], 0
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), self.cfg.body_timeout_s)
+            except TimeoutError:
+                await self._refuse(send, 408, f"request body stalled for {self.cfg.body_timeout_s:g} s (serve.body_timeout_s)")
+                return None
+            if message["type"] == "http.disconnect":
+                self._client_left(scope, "while sending its body")
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.body_limit:
+                await self._refuse(send, 413, f"body over the limit serve.max_body_bytes = {self.body_limit} bytes")
+                return None
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+    def _client_left(self, scope: Scope, when: str) -> None:
+        self.disconnected()
+        client = scope.get("client") or ("?",)
+        log.info("baa serve: client %s disconnected %s (%s %s)", client[0], when, scope["method"], scope["path"])
+
+    async def _call_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            # A shutdown past serve.shutdown_timeout_s cancels what still runs: answer 503, not
+            # uvicorn's text 500, and end the task normally (one log line, no traceback).
+            log.warning("baa serve: %s %s cancelled by the shutdown", scope["method"], scope["path"])
+            if not started:
+                self.count(503)
+                body = error_body("server is shutting down")
+                await send({"type": "http.response.start", "status": 503,
+                            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                        (b"connection", b"close"), (b"retry-after", b"1")]})
+                await send({"type": "http.response.body", "body": body})
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields the already read body once, then the connection's own messages
+    (``http.disconnect`` when the client goes away)."""
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -1,0 +1,227 @@
+"""The engine's supervisor: starts the model, watches it, and brings it back without an operator.
+
+The batcher calls :meth:`Supervisor.run` for every batch. With the model in a child process
+(``serve.engine_process``, the default) each batch gets a deadline derived from the calibrated
+latency (``watchdog_factor`` times the predicted time, at least ``watchdog_min_ms``); a child that
+exits, or gives no answer by then, is killed. Between batches a heartbeat (every ``heartbeat_s``)
+catches a child that died or stopped while idle. Either way:
+
+* the batch in flight and every later one fail with :class:`EngineUnavailable` (HTTP 503 with
+  ``Retry-After``, never 500) while no engine is ready, and ``/readyz`` is 503;
+* a new child is started and recalibrated in a background thread, then takes over;
+* after ``max_restarts`` failed restarts in a row the supervisor gives up: ``/healthz`` turns 503
+  so an orchestrator replaces the whole server.
+
+A model in the server's own process (``engine_process: false``, or an engine handed to
+``create_app`` by a test) cannot be killed or replaced: its errors pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from budgeted_attention.serving.config import ServeConfig
+from budgeted_attention.serving.latency import LatencyModel
+from budgeted_attention.serving.errors import EngineGone, EngineUnavailable
+
+log = logging.getLogger("budgeted_attention.serve")
+
+__all__ = ["FAILED", "LOADING", "READY", "RESTARTING", "EngineUnavailable", "Supervisor"]
+
+LOADING, READY, RESTARTING, FAILED = "loading", "ready", "restarting", "failed"
+
+
+class Supervisor:
+    """Owns the engine: the first start, the per-batch watchdog, the heartbeat and restarts.
+
+    Args:
+        start: builds and returns a new engine (blocking; raises on a failed load).
+        calibrate: times an engine, returns its latency model (blocking).
+        cfg: the server settings (watchdog and restart keys).
+        restartable: whether a failed engine can be replaced (a child process) or not.
+        on_restart: called after each successful restart (the metrics counter).
+        on_latency: called with each new latency model (the batcher's).
+    """
+
+    def __init__(
+        self,
+        start: Callable[[], Any],
+        calibrate: Callable[[Any], LatencyModel],
+        cfg: ServeConfig,
+        *,
+        on_restart: Callable[[], None] = lambda: None,
+        on_latency: Callable[[LatencyModel], None] = lambda latency: None,
+    ) -> None:
+        self._start, self._calibrate, self.cfg = start, calibrate, cfg
+        self._on_restart, self._on_latency = on_restart, on_latency
+        self.engine: Any = None
+        self.latency: LatencyModel | None = None
+        self.state = LOADING
+        self.reason = "model is loading"
+        self.restarts = 0  # successful restarts over the server's life
+        self.failed_tries = 0  # failed restarts since the last success
+        self.start_seconds = 1.0  # the last start's load + calibration time (the Retry-After)
+        self.startup: dict[str, float] = {}
+        self._call_lock = threading.Lock()  # one call at a time on the engine's pipe
+        self._state_lock = threading.Lock()
+        self._last_call = time.monotonic()
+        self._restarter: threading.Thread | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ start and restart
+
+    def first_start(self) -> None:
+        """Load and calibrate the first engine (blocking; a failure is final: state ``failed``)."""
+        try:
+            self._bring_up()
+        except Exception as exc:
+            self._give_up(f"model failed to load: {type(exc).__name__}: {exc}")
+            raise
+
+    def _bring_up(self) -> None:
+        started = time.monotonic()
+        engine = self._start()
+        loaded = time.monotonic()
+        try:
+            latency = self._calibrate(engine)
+        except BaseException:
+            _close(engine)
+            raise
+        self.startup = {"load_seconds": round(loaded - started, 3), "calibration_seconds": round(time.monotonic() - loaded, 3)}
+        self.start_seconds = time.monotonic() - started
+        with self._state_lock:
+            if self._closed:
+                _close(engine)
+                return
+            self.engine, self.latency = engine, latency
+            self.state, self.reason = READY, "ready"
+        self._on_latency(latency)
+
+    @property
+    def restartable(self) -> bool:
+        return bool(getattr(self.engine, "in_child", False))
+
+    def _went_down(self, reason: str) -> None:
+        """The engine died or hung: kill it, stop taking batches, restart in the background."""
+        with self._state_lock:
+            if self.state != READY or self._closed:
+                return
+            self.state, self.reason = RESTARTING, f"engine restarting: {reason}"
+            engine = self.engine
+        log.error("baa serve: %s", self.reason)
+        kill = getattr(engine, "kill", None)
+        if kill is not None:
+            kill()
+        self._restarter = threading.Thread(target=self._restart_loop, args=(engine,), name="baa-engine-restart", daemon=True)
+        self._restarter.start()
+
+    def _restart_loop(self, old: Any) -> None:
+        _close(old)
+        while not self._closed:
+            try:
+                self._bring_up()
+            except Exception as exc:  # noqa: BLE001 - counted, retried, then given up
+                self.failed_tries += 1
+                message = f"{type(exc).__name__}: {exc}"
+                log.error("baa serve: engine restart %d of %d failed: %s", self.failed_tries, self.cfg.max_restarts, message)
+                if self.failed_tries >= self.cfg.max_restarts:
+                    self._give_up(f"the engine could not be restarted ({self.failed_tries} tries; last: {message})")
+                    return
+                time.sleep(min(30.0, 2.0 ** (self.failed_tries - 1)))  # 1, 2, 4 ... s between tries
+                continue
+            self.restarts += 1
+            self.failed_tries = 0
+            self._on_restart()
+            log.warning("baa serve: engine restarted (%d so far) in %.1f s", self.restarts, self.start_seconds)
+            return
+
+    def _give_up(self, reason: str) -> None:
+        with self._state_lock:
+            self.state, self.reason = FAILED, reason
+        log.error("baa serve: %s", reason)
+
+    # ------------------------------------------------------------------ calls
+
+    def retry_after(self) -> int:
+        """Seconds a client should wait: about one start of the engine (at least 1)."""
+        return max(1, math.ceil(self.start_seconds))
+
+    def unavailable(self) -> EngineUnavailable:
+        return EngineUnavailable(self.reason, self.retry_after())
+
+    def batch_deadline_s(self, budget: float, n_texts: int, n_tokens: int) -> float:
+        """How long a batch may take before the engine counts as hung: ``watchdog_factor`` times
+        its predicted time, at least ``watchdog_min_ms``."""
+        predicted = self.latency.predict_ms(budget, n_texts, n_tokens) if self.latency is not None else 0.0
+        return max(self.cfg.watchdog_min_ms, self.cfg.watchdog_factor * predicted) / 1e3
+
+    def run(self, ids: list[list[int]], budget: float) -> Any:
+        """Class probabilities of one batch (the batcher's runner; called from its worker thread).
+
+        Raises:
+            EngineUnavailable: no engine is ready, or it died or hung during this batch.
+        """
+        with self._call_lock:
+            engine = self.engine
+            if self.state != READY or engine is None:
+                raise self.unavailable()
+            self._last_call = time.monotonic()
+            try:
+                if not self.restartable:
+                    return engine.run(ids, budget)
+                return engine.run(ids, budget, timeout=self.batch_deadline_s(budget, len(ids), max(len(x) for x in ids)))
+            except EngineGone as exc:
+                self._went_down(str(exc))
+                raise self.unavailable() from None
+            finally:
+                self._last_call = time.monotonic()
+
+    def ready_now(self) -> bool:
+        """Whether an engine can answer now; a child found dead here is replaced at once (cheap:
+        no message to the child, so ``/readyz`` can call it on every probe)."""
+        engine = self.engine
+        if self.state == READY and self.restartable and not engine.alive():
+            self._went_down(f"the engine process exited (code {getattr(engine, 'exitcode', None)})")
+        return self.state == READY
+
+    def check(self) -> None:
+        """The heartbeat (call every ``heartbeat_s`` from any thread): a child that exited, or that
+        does not answer a ping within ``watchdog_min_ms`` while idle, is replaced."""
+        engine = self.engine
+        if self.state != READY or not self.restartable:
+            return
+        if not engine.alive():
+            self._went_down(f"the engine process exited (code {getattr(engine, 'exitcode', None)})")
+            return
+        if time.monotonic() - self._last_call < self.cfg.heartbeat_s or not self._call_lock.acquire(blocking=False):
+            return  # a batch ran recently or runs now: its own deadline watches it
+        try:
+            engine.ping(self.cfg.watchdog_min_ms / 1e3)
+            self._last_call = time.monotonic()
+        except EngineGone as exc:
+            self._went_down(str(exc))
+        finally:
+            self._call_lock.release()
+
+    def close(self) -> None:
+        """Stop the engine (after the batcher drained) and any restart in progress."""
+        with self._state_lock:
+            self._closed = True
+            engine = self.engine
+        if self._restarter is not None:
+            self._restarter.join(timeout=self.cfg.shutdown_timeout_s)
+        _close(engine)
+
+
+def _close(engine: Any) -> None:
+    close = getattr(engine, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - a dead child may fail to close cleanly; it is gone either way
+            log.debug("baa serve: closing an engine failed", exc_info=True)
