@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--onnx-dir", help="graphs of 'baa export' for --backend onnxruntime (default RUN_DIR/onnx)")
     serve.add_argument("--config", help="YAML file with the server settings (see docs/serving.md)")
     serve.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one setting, e.g. --set target_p95_ms=50")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but the probes (default: $BAA_API_KEY; prefer the variable: arguments show in ps)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn log level")
 
     export = sub.add_parser("export", help="export the pruned model of each budget as an ONNX graph, checked with ONNX Runtime")
