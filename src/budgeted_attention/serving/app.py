@@ -102,7 +102,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     return 422, "; ".join(parts)
 
 
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[^\s'\"/]+/)*([^\s'\"/]+)")
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s'\"/]+/)*([^\s'\"/]+)")
 
 
 def hide_paths(text: str) -> str:

@@ -122,8 +122,7 @@ def serve(args: argparse.Namespace) -> None:
     # this one turns that into a clean exit (code 0) instead of death by signal (-15).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # The request-head limits reach uvicorn's protocol in every worker through the environment.
-    limits = HeadLimits(max_headers=cfg.max_headers, max_header_bytes=cfg.max_header_bytes, header_timeout_s=cfg.header_timeout_s)
-    os.environ[ENV_LIMITS] = json.dumps(asdict(limits))
+    os.environ[ENV_LIMITS] = json.dumps(asdict(HeadLimits.of(cfg)))
     common = {
         "host": args.host, "port": args.port, "log_level": args.log_level, "http": GUARDED_HTTP,
         "timeout_keep_alive": cfg.keep_alive_s, "timeout_graceful_shutdown": cfg.shutdown_timeout_s,

@@ -48,16 +48,39 @@ def error_body(message: str) -> bytes:
 
 @dataclass
 class HeadLimits:
-    """What :class:`GuardedHttpProtocol` enforces (from the server settings)."""
+    """What :class:`GuardedHttpProtocol` enforces (from the server settings).
+
+    Attributes:
+        max_headers: header lines per request (431 past it).
+        max_header_bytes: bytes of the request line and headers (431 past it).
+        header_timeout_s: seconds a request head may take to arrive (408 past it).
+        max_body_bytes: bytes of a body (413 from Content-Length, or once a chunked body passes
+            it); 0: not checked here (the ASGI guard still checks).
+    """
 
     max_headers: int = 100
     max_header_bytes: int = 16384
     header_timeout_s: float = 10.0
+    max_body_bytes: int = 0
 
     @classmethod
     def from_env(cls) -> HeadLimits:
         raw = os.environ.get(ENV_LIMITS)
         return cls(**json.loads(raw)) if raw else cls()
+
+    @classmethod
+    def of(cls, cfg: Any) -> HeadLimits:
+        """The limits of a :class:`~budgeted_attention.serving.config.ServeConfig`."""
+        return cls(max_headers=cfg.max_headers, max_header_bytes=cfg.max_header_bytes, header_timeout_s=cfg.header_timeout_s,
+                   max_body_bytes=cfg.body_limit())
+
+
+# After a refusal the connection is half-closed and what the client still sends is read and
+# dropped for a moment (a "lingering close", as nginx does): closing with unread bytes makes the
+# kernel send a reset, and a client still uploading would see "connection reset" instead of the
+# answer. Bounded in time and bytes, so a refused upload costs little.
+LINGER_S = 2.0
+LINGER_BYTES = 8 << 20
 
 
 def raw_response(status: int, reason: str, message: str, extra: list[tuple[str, str]] = ()) -> bytes:
@@ -76,8 +99,11 @@ class _Refused(Exception):
         self.status, self.reason, self.message = status, reason, message
 
 
+TOO_LARGE = "Request Header Fields Too Large"
+
+
 def make_guarded_protocol() -> type:
-    """uvicorn's httptools protocol with the request head bounded (see the module docstring)."""
+    """uvicorn's httptools protocol with the request head and body bounded (see the module docstring)."""
     # Imported here: the class derives from uvicorn's, and only the server process needs uvicorn.
     import httptools  # noqa: PLC0415
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415
@@ -93,14 +119,14 @@ def make_guarded_protocol() -> type:
 
         def connection_made(self, transport) -> None:  # noqa: ANN001 - asyncio's signature
             super().connection_made(transport)
+            self._lingering, self._dropped, self._head_timer = False, 0, None
             self._new_head()
 
         def _new_head(self) -> None:
             """A request head may start now: count its bytes and lines, and time it."""
-            self._in_head, self._head_bytes, self._head_lines = True, 0, 0
-            timer = getattr(self, "_head_timer", None)
-            if timer is not None:
-                timer.cancel()
+            self._in_head, self._head_bytes, self._head_lines, self._parsed_head, self._body_bytes = True, 0, 0, 0, 0
+            if self._head_timer is not None:
+                self._head_timer.cancel()
             self._head_timer = self.loop.call_later(self.head_limits().header_timeout_s, self._head_timed_out)
 
         def _head_timed_out(self) -> None:
@@ -111,18 +137,32 @@ def make_guarded_protocol() -> type:
                     self.transport.close()
 
         def _refuse(self, status: int, reason: str, message: str) -> None:
+            """Answer ``status`` with a JSON error, half-close, and drop what still arrives."""
+            if self._lingering or self.transport.is_closing():
+                return
             log.warning("baa serve: %s from %s: %s", status, self.client[0] if self.client else "?", message)
             if _OBSERVER:
                 _OBSERVER[-1](status)
-            self._in_head = False
-            if self.cycle is not None and not self.cycle.response_complete:
-                self.cycle.disconnected = True  # the application's later answer goes nowhere
-                self.cycle.message_event.set()
-            if not self.transport.is_closing():
-                self.transport.write(raw_response(status, reason, message))
+            self._in_head, self._lingering = False, True
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                self.scope["baa.refused"] = status  # the ASGI guard: this disconnect is ours, not the client's
+                cycle.disconnected = True  # the application's later answer goes nowhere
+                cycle.message_event.set()
+            self.transport.write(raw_response(status, reason, message))
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+                self.flow.resume_reading()
+                self.loop.call_later(LINGER_S, self.transport.close)
+            else:
                 self.transport.close()
 
         def data_received(self, data: bytes) -> None:
+            if self._lingering:
+                self._dropped += len(data)
+                if self._dropped > LINGER_BYTES:
+                    self.transport.close()
+                return
             self._unset_keepalive_if_required()
             if self._in_head:
                 self._head_bytes += len(data)
@@ -143,11 +183,11 @@ def make_guarded_protocol() -> type:
                 return
             limit = self.head_limits().max_header_bytes
             if self._in_head and self._head_bytes > limit:  # a head still arriving, already too long
-                self._refuse(431, "Request Header Fields Too Large", f"request head over {limit} bytes (serve.max_header_bytes)")
+                self._refuse(431, TOO_LARGE, f"request head over {limit} bytes (serve.max_header_bytes)")
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._in_head, self._head_lines, self._parsed_head = True, 0, 0
+            self._in_head, self._head_lines, self._parsed_head, self._body_bytes = True, 0, 0, 0
 
         def on_url(self, url: bytes) -> None:
             super().on_url(url)
@@ -156,21 +196,38 @@ def make_guarded_protocol() -> type:
         def on_header(self, name: bytes, value: bytes) -> None:
             self._head_lines += 1
             if self._head_lines > self.head_limits().max_headers:
-                raise _Refused(431, "Request Header Fields Too Large", f"more than {self.head_limits().max_headers} header lines (serve.max_headers)")
+                raise _Refused(431, TOO_LARGE, f"more than {self.head_limits().max_headers} header lines (serve.max_headers)")
             self._count(len(name) + len(value) + 4)
             super().on_header(name, value)
 
         def _count(self, n: int) -> None:
-            self._parsed_head = getattr(self, "_parsed_head", 0) + n
+            self._parsed_head += n
             limit = self.head_limits().max_header_bytes
             if self._parsed_head > limit:
-                raise _Refused(431, "Request Header Fields Too Large", f"request head over {limit} bytes (serve.max_header_bytes)")
+                raise _Refused(431, TOO_LARGE, f"request head over {limit} bytes (serve.max_header_bytes)")
 
         def on_headers_complete(self) -> None:
-            self._in_head, self._parsed_head = False, 0
+            self._in_head = False
             if self._head_timer is not None:
                 self._head_timer.cancel()
+            limit = self.head_limits().max_body_bytes
+            declared = dict(self.headers).get(b"content-length", b"")
+            if limit and declared.isdigit() and int(declared) > limit:  # refused before the app sees it
+                raise _Refused(413, "Content Too Large", f"body of {int(declared)} bytes, the limit is serve.max_body_bytes = {limit}")
             super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if self._lingering:
+                return
+            self._body_bytes += len(body)
+            limit = self.head_limits().max_body_bytes
+            if limit and self._body_bytes > limit:
+                raise _Refused(413, "Content Too Large", f"body over the limit serve.max_body_bytes = {limit} bytes")
+            super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if not self._lingering:
+                super().on_message_complete()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -301,7 +358,8 @@ class RequestGuard:
                 await self._refuse(send, 408, f"request body stalled for {self.cfg.body_timeout_s:g} s (serve.body_timeout_s)")
                 return None
             if message["type"] == "http.disconnect":
-                self._client_left(scope, "while sending its body")
+                if "baa.refused" not in scope:  # not the protocol's own refusal (counted there)
+                    self._client_left(scope, "while sending its body")
                 return None
             chunk = message.get("body", b"")
             size += len(chunk)

@@ -177,7 +177,8 @@ class Supervisor:
                 return engine.run(ids, budget, timeout=self.batch_deadline_s(budget, len(ids), max(len(x) for x in ids)))
             except EngineGone as exc:
                 self._went_down(str(exc))
-                raise self.unavailable() from None
+                # This batch's own reason: a fast restart may already be done when it is read.
+                raise EngineUnavailable(f"engine restarting: {exc}", self.retry_after()) from None
             finally:
                 self._last_call = time.monotonic()
 
