@@ -132,6 +132,21 @@ def test_fuzzed_bodies_never_get_a_5xx(client, body):
         assert response.json()["error"]
 
 
+def test_the_fuzz_reaches_surrogates_and_control_characters():
+    from hypothesis import find  # noqa: PLC0415
+
+    from budgeted_attention.serving.fuzz import texts  # noqa: PLC0415
+
+    assert find(texts(5), lambda t: any(0xD800 <= ord(c) <= 0xDFFF for c in t))
+    assert find(texts(5), lambda t: any(ord(c) < 32 for c in t))
+
+
+def test_control_characters_are_text_and_lone_surrogates_a_422(client):
+    assert client.post("/v1/classify", json={"texts": ["tab\there\x00nul\x1b[31m"]}).status_code == 200
+    response = client.post("/v1/classify", content=b'{"texts": ["ok", "\\udfff alone"]}', headers={"content-type": "application/json"})
+    assert response.status_code == 422 and response.json() == {"error": "texts: texts[1] is not valid Unicode: lone surrogate U+DFFF at character 0"}
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=st.binary(max_size=40))
 def test_fuzzed_bytes_never_get_a_5xx(client, raw):

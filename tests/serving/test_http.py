@@ -251,3 +251,27 @@ def test_info_tells_no_paths_or_process_ids(locked, tiny_run):
 def test_hide_paths_keeps_the_last_part():
     assert hide_paths("no tokenizer.json in '/srv/runs/x' (needs /a/b/c.json)") == "no tokenizer.json in 'x' (needs c.json)"
     assert hide_paths("ratio 1/2 and http://host/path") == "ratio 1/2 and http://host/path"
+
+
+def test_a_request_cancelled_by_the_shutdown_is_answered_503():
+    import asyncio  # noqa: PLC0415
+
+    async def never_answers(scope, receive, send):
+        await asyncio.Event().wait()
+
+    counted, sent = [], []
+    guard = http.RequestGuard(never_answers, ServeConfig(**FAST), None, counted.append, lambda: None)
+
+    async def main():
+        scope = {"type": "http", "method": "GET", "path": "/v1/info", "headers": [(b"host", b"x")]}
+
+        async def send(message):
+            sent.append(message)
+
+        task = asyncio.create_task(guard(scope, None, send))
+        await asyncio.sleep(0.01)
+        task.cancel()  # what uvicorn does past serve.shutdown_timeout_s
+        await task  # ends normally: no traceback, no text 500 from uvicorn
+
+    asyncio.run(main())
+    assert counted == [503] and sent[0]["status"] == 503 and b"shutting down" in sent[1]["body"]

@@ -62,3 +62,48 @@ def test_the_ready_benchmark_times_fresh_starts(tiny_run, tmp_path):
     result = json.loads((out / "ready.json").read_text())
     assert len(result["ready_seconds"]) == 1 and 0 < result["ready_seconds"][0] < 300
     assert "Start to ready over 1 start(s)" in (out / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_sigterm_with_slow_clients_exits_within_the_drain_time(tiny_run):
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "budgeted_attention.cli", "serve", str(tiny_run), "--port", str(port), "--log-level", "warning",
+         "--set", "warmup_batches=0", "--set", "calibration_batch_sizes=[1]", "--set", "shutdown_timeout_s=2"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    slow = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if get(f"http://127.0.0.1:{port}/readyz")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        for partial in (b"POST /v1/classify HTTP/1.1\r\nHost: x\r\n",  # a head that never ends
+                        b"POST /v1/classify HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{\"texts\": [",
+                        b"POST /v1/classify HTTP/1.1\r\nHost: x\r\ncontent-length: 500\r\n\r\n"):
+            conn = socket.create_connection(("127.0.0.1", port))
+            conn.sendall(partial)
+            slow.append(conn)
+        time.sleep(0.3)
+        started = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=60)
+        took = time.monotonic() - started
+    finally:
+        if server.poll() is None:
+            server.kill()
+    answers = []
+    for conn in slow:
+        conn.settimeout(5)
+        try:
+            answers.append(conn.recv(4096))
+        except OSError:
+            answers.append(b"")
+        conn.close()
+    assert code == 0 and took < 10, (code, took)
+    assert all(a == b"" or a.startswith(b"HTTP/1.1 503") for a in answers), answers
+    assert sum(a.startswith(b"HTTP/1.1 503") for a in answers) == 2  # the two with a body on its way
+    assert "Traceback" not in server.stderr.read()

@@ -11,11 +11,20 @@ import json
 from typing import Any
 
 
+def texts(max_size: int):
+    """Strings of any code point: lone surrogates (which JSON can carry as ``"\\ud800"`` but no
+    tokenizer takes), control characters and NUL included, not just hypothesis' default alphabet."""
+    from hypothesis import strategies as st  # noqa: PLC0415 - hypothesis is a test dependency
+
+    awkward = st.sampled_from(["\ud800", "\udfff", "\x00", "\x1b", "\u202e", "\ufeff", "\U0010ffff"])
+    return st.text(st.characters(codec=None, exclude_categories=()) | awkward, max_size=max_size)
+
+
 def json_values():
     """Any JSON value (NaN and infinities included, which strict JSON forbids)."""
     from hypothesis import strategies as st  # noqa: PLC0415
 
-    scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20)
+    scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | texts(20)
     return st.recursive(
         scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=10
     )
@@ -30,13 +39,13 @@ def request_bodies(schema: dict[str, Any] | None = None):
     properties = list((schema or {}).get("properties", {})) or ["texts", "budget", "latency_ms"]
     anything = json_values()
     typed = {
-        "texts": st.lists(st.text(max_size=60), max_size=6),
+        "texts": st.lists(texts(60), max_size=6),
         "budget": st.floats(allow_nan=True, allow_infinity=True),
         "latency_ms": st.floats(allow_nan=True, allow_infinity=True),
     }
     optional = {name: st.one_of(typed.get(name, anything), anything) for name in properties}
     optional["unknown_field"] = anything
-    return st.one_of(st.fixed_dictionaries({}, optional=optional), anything)
+    return st.one_of(st.fixed_dictionaries({}, optional=optional), anything, st.fixed_dictionaries({"texts": st.lists(texts(60), min_size=1, max_size=4)}))
 
 
 def encode_body(body: Any) -> bytes:
