@@ -94,6 +94,10 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     serve_load = _read_json(serve_load_path) if serve_load_path.is_file() else None
     if serve_load is not None and (not isinstance(serve_load, dict) or not isinstance(serve_load.get("trials"), list)):
         raise ReportError(f"malformed load test in '{serve_load_path}': expected {{\"trials\": [...], ...}}")
+    serve_soak_path = path / "serve_soak.json"
+    serve_soak = _read_json(serve_soak_path) if serve_soak_path.is_file() else None
+    if serve_soak is not None and (not isinstance(serve_soak, dict) or not isinstance(serve_soak.get("probes"), list)):
+        raise ReportError(f"malformed soak test in '{serve_soak_path}': expected {{\"probes\": [...], ...}}")
     # A section is named after its run directory: one config can make several runs (`--set
     # seeds=[0] --out runs/x_seed0`), and a name taken from the config would collide.
     config_name = config.get("name") if isinstance(config.get("name"), str) and config.get("name") else None
@@ -109,6 +113,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "routing_bench": routing_bench,
         "routed": routed,
         "serve_load": serve_load,
+        "serve_soak": serve_soak,
         "figures": sorted(path.glob("*.png")),
         "wall_time": _wall_time(path, results),
     }
@@ -286,6 +291,10 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
         from budgeted_attention.reporting.serve_load import serve_load_markdown  # noqa: PLC0415
 
         lines += ["", f"### {run['name']}: load test of baa serve (`serve_load.json`)", "", serve_load_markdown(run["serve_load"]).rstrip("\n")]
+    if run.get("serve_soak"):
+        from budgeted_attention.reporting.serve_soak import serve_soak_markdown  # noqa: PLC0415 - one module per section kind
+
+        lines += ["", f"### {run['name']}: faults and hostile clients (`serve_soak.json`)", "", serve_soak_markdown(run["serve_soak"]).rstrip("\n")]
     if run["figures"]:
         lines += ["", f"### {run['name']}: figures", ""]
         for figure in run["figures"]:
