@@ -274,6 +274,9 @@ async def soak(port: int, server_pid: int, texts: list[str], seconds: float, goo
     async def fault(at: float, what: str, sig: int) -> None:
         await asyncio.sleep(max(0.0, at - now()))
         pid = await engine_pid()
+        while pid is None and now() < seconds:  # the engine is still restarting from the last fault
+            await asyncio.sleep(0.2)
+            pid = await engine_pid()
         if pid is None:
             events.append({"what": what, "at_s": now(), "error": "no engine pid"})
             return
@@ -323,7 +326,6 @@ async def soak(port: int, server_pid: int, texts: list[str], seconds: float, goo
         "by_kind": {kind: dict(counts) for kind, counts in by_kind.items()},
         "good_ok": good.get("200", 0), "good_total": sum(good.values()),
         "server_errors": sum(n for counts in by_kind.values() for s, n in counts.items() if s.isdigit() and int(s) >= 500 and s != "503"),
-        "restarts": metric(url, "baa_engine_restarts_total"), "disconnects": metric(url, "baa_client_disconnects_total"),
         "rss_series": rss_series, "rss_idle_mb": rss_series[0][1] if rss_series else None,
         "rss_peak_mb": max((m for _, m in rss_series), default=None), "rss_end_mb": rss_mib(server_pid),
     }
@@ -399,9 +401,11 @@ def main() -> None:
     try:
         probes = run_probes(args.port, server.pid)
         soak_result = asyncio.run(soak(args.port, server.pid, texts, args.seconds, args.rate, body_limit, args.seed))
-        # After the soak the SIGSTOPped engine was replaced; wait for ready before the shutdown.
+        # The SIGSTOPped engine may still be restarting: wait for ready, then read the counters.
         while time.monotonic() - wall < args.seconds + 600 and get_json(f"{url}/readyz")[0] != 200:
             time.sleep(0.2)
+        soak_result["restarts"] = metric(url, "baa_engine_restarts_total")
+        soak_result["disconnects"] = metric(url, "baa_client_disconnects_total")
         shutdown = shutdown_with_slow_clients(server, args.port, drain_s)
     finally:
         if server.poll() is None:

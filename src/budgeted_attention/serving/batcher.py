@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from budgeted_attention.serving.config import ServeConfig
+from budgeted_attention.serving.errors import EngineUnavailable
 from budgeted_attention.serving.latency import Arrivals, LatencyModel, pick_budget
 
 SLO = "slo"  # the batching key of requests whose budget the policy picks
@@ -210,7 +211,8 @@ class Batcher:
             try:
                 await self._run(jobs, self._choose_budget(jobs))
             except Exception as exc:  # noqa: BLE001 - a bug in bookkeeping fails this batch, never the worker
-                log.exception("baa serve: batch failed")
+                if not isinstance(exc, EngineUnavailable):  # expected while the engine restarts: the supervisor logged it
+                    log.exception("baa serve: batch failed")
                 for job in jobs:
                     if not job.future.done():
                         job.future.set_exception(exc)
