@@ -26,21 +26,30 @@ def get(url, data=None):
         return response.status, json.loads(response.read())
 
 
+def wait_ready(port: int, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if get(f"http://127.0.0.1:{port}/readyz")[0] == 200:
+                return
+        except OSError:
+            time.sleep(0.2)
+
+
+def serve(run_dir, port, *settings, **popen):
+    command = [sys.executable, "-m", "budgeted_attention.cli", "serve", str(run_dir), "--port", str(port), "--log-level", "warning",
+               "--set", "warmup_batches=0", "--set", "calibration_batch_sizes=[1]"]
+    for setting in settings:
+        command += ["--set", setting]
+    return subprocess.Popen(command, **popen)
+
+
 @pytest.mark.slow
 def test_serve_answers_and_shuts_down_cleanly(tiny_run):
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "budgeted_attention.cli", "serve", str(tiny_run), "--port", str(port), "--log-level", "warning",
-         "--set", "warmup_batches=0", "--set", "calibration_batch_sizes=[1]"],
-    )
+    server = serve(tiny_run, port)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if get(f"http://127.0.0.1:{port}/readyz")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.2)
+        wait_ready(port)
         status, body = get(f"http://127.0.0.1:{port}/v1/classify", json.dumps({"texts": ["the team won"], "budget": 0.5}).encode())
         assert status == 200 and body["budget"] == 0.5
     finally:
@@ -67,20 +76,10 @@ def test_the_ready_benchmark_times_fresh_starts(tiny_run, tmp_path):
 @pytest.mark.slow
 def test_sigterm_with_slow_clients_exits_within_the_drain_time(tiny_run):
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "budgeted_attention.cli", "serve", str(tiny_run), "--port", str(port), "--log-level", "warning",
-         "--set", "warmup_batches=0", "--set", "calibration_batch_sizes=[1]", "--set", "shutdown_timeout_s=2"],
-        stderr=subprocess.PIPE, text=True,
-    )
+    server = serve(tiny_run, port, "shutdown_timeout_s=2", stderr=subprocess.PIPE, text=True)
     slow = []
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if get(f"http://127.0.0.1:{port}/readyz")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.2)
+        wait_ready(port)
         for partial in (b"POST /v1/classify HTTP/1.1\r\nHost: x\r\n",  # a head that never ends
                         b"POST /v1/classify HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{\"texts\": [",
                         b"POST /v1/classify HTTP/1.1\r\nHost: x\r\ncontent-length: 500\r\n\r\n"):
