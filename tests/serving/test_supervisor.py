@@ -161,7 +161,7 @@ def test_a_stopped_engine_under_load_gives_503s_then_serves_again(tiny_run):
     app = create_app(tiny_run, cfg)
     with TestClient(app) as client:
         wait_for(lambda: client.get("/readyz").status_code == 200, 120)
-        engine = app.state.baa.engine
+        engine, timing = app.state.baa.engine, app.state.baa.latency
         os.kill(engine.pid, signal.SIGSTOP)  # a hang: the process exists and never answers
         started = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -172,6 +172,7 @@ def test_a_stopped_engine_under_load_gives_503s_then_serves_again(tiny_run):
         assert time.monotonic() - started < 30  # the watchdog's deadline, not the old 300 s
         wait_for(lambda: client.get("/readyz").status_code == 200, 120)
         assert app.state.baa.engine is not engine and not engine.alive()
+        assert app.state.baa.latency is not timing and app.state.baa.batcher.latency is app.state.baa.latency  # recalibrated
         assert client.post("/v1/classify", json={"texts": ["after"]}).status_code == 200
         metrics = client.get("/metrics").text
         assert "baa_engine_restarts_total 1.0" in metrics and 'status="500"' not in metrics
