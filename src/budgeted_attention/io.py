@@ -7,9 +7,11 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -47,7 +49,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         return
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    # The writer's PID in the name: a temporary file left by a killed writer (SIGKILL runs no
+    # ``finally``) is told apart from a live writer's by :func:`remove_stale_temp_files`.
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.p{os.getpid()}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -56,6 +60,59 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (a process of another user counts as running)."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False  # os.kill(0, ...) and negative ids address process groups, not a process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except (OverflowError, OSError):
+        return False
+    return True
+
+
+# ``.NAME.p<PID>.<8 random>.tmp`` (atomic_path), and the PID-less ``.NAME.<8 random>.tmp`` of older code.
+_TEMP_WITH_PID = re.compile(r"^\..+\.p(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp$")
+_TEMP_WITHOUT_PID = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+
+
+def remove_stale_temp_files(directory: str | os.PathLike[str], log=None, *, min_age_s: float = 900.0) -> list[Path]:
+    """Remove the temporary files of :func:`atomic_path` that killed writers left under ``directory``.
+
+    A name with a writer PID is removed when that process no longer runs on this host; a name
+    from older code (no PID) when it was not modified for ``min_age_s`` seconds (a live writer
+    keeps touching its file). Symbolic links are neither followed nor removed. Call it while
+    holding the directory's run lock (:mod:`budgeted_attention.runlock`), so no other writer of
+    the run shares the directory. ``log``: called with one line per removed file. Returns the
+    removed paths; files that vanish or cannot be removed meanwhile are skipped.
+    """
+    removed: list[Path] = []
+    now = time.time()
+    for folder, _, files in os.walk(directory, followlinks=False):
+        for name in files:
+            path = Path(folder) / name
+            match = _TEMP_WITH_PID.match(name)
+            try:
+                if path.is_symlink() or not path.is_file():
+                    continue
+                if match is not None:
+                    if pid_alive(int(match["pid"])):
+                        continue
+                elif not _TEMP_WITHOUT_PID.match(name) or now - path.stat().st_mtime < min_age_s:
+                    continue
+                path.unlink()
+            except OSError:
+                continue
+            removed.append(path)
+            if log is not None:
+                log(f"removed '{path}', the temporary file of an interrupted write")
+    return removed
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:

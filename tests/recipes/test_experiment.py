@@ -477,3 +477,39 @@ def test_routing_methods_are_refused_where_they_cannot_run(tmp_path):
         load_experiment_config(str(path), ["methods=[dense,budgetformer]", "budget_scope=all", "ffn_group_size=16"])
     with pytest.raises(ConfigError, match="router.mode"):
         load_experiment_config(str(path), ["methods=[dense,budgetformer]", "router.mode=never"])
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_unit_records_carry_the_config_digest_and_resume_refuses_another(tmp_path):
+    import subprocess
+    import sys
+
+    from budgeted_attention.recipes.experiment import UNIT_DIGEST_KEY, unit_config_digest
+
+    cfg = _config(tmp_path)
+    cfg.seeds, cfg.methods = [0], ["dense"]
+    out = tmp_path / "run"
+    Experiment(cfg, out, progress=False, log=lambda *_: None).run()
+    unit = out / "units" / "seed0" / "dense.json"
+    record = json.loads(unit.read_text())
+    assert record[UNIT_DIGEST_KEY] == unit_config_digest(cfg)
+    assert not (out / ".lock").exists()  # released at the end of the run
+
+    mine = record[UNIT_DIGEST_KEY]
+    unit.write_text(json.dumps({**record, UNIT_DIGEST_KEY: "0" * 64}))  # a row of another config
+    with pytest.raises(ConfigError, match=f"'{unit}' was made with another configuration .*{'0' * 64}, this run's {mine}"):
+        Experiment(cfg, out, progress=False, log=lambda *_: None).run()
+    del record[UNIT_DIGEST_KEY]  # a record written before units carried digests: still resumes
+    unit.write_text(json.dumps(record))
+    # Temporary files of writes killed before their rename: the writer's PID is dead (removed),
+    # or it is this process (kept: a live writer's).
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = out / "units" / "seed0" / f".dense.json.p{dead.pid}.abcd_123.tmp"
+    live = out / "units" / "seed0" / f".dense.json.p{__import__('os').getpid()}.abcd_123.tmp"
+    stale.write_text("")
+    live.write_text("")
+    messages = []
+    Experiment(cfg, out, progress=False, log=messages.append).run()
+    assert not stale.exists() and live.exists()
+    assert any(str(stale) in str(m) for m in messages)

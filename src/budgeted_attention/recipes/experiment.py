@@ -48,6 +48,7 @@ import dataclasses
 import hashlib
 import json
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +77,8 @@ from budgeted_attention.data.lm import LMDataConfig, make_lm_splits
 from budgeted_attention.data.synthetic import SyntheticConfig, make_synthetic_splits
 from budgeted_attention.data.text import TextDataConfig, make_text_splits
 from budgeted_attention.errors import CheckpointError, ConfigError
-from budgeted_attention.io import write_json_atomic, write_text_atomic
+from budgeted_attention.io import remove_stale_temp_files, write_json_atomic, write_text_atomic
+from budgeted_attention.runlock import RunDirLock
 from budgeted_attention.training import distributed
 from budgeted_attention.model.config import MetaConfig, ModelConfig
 from budgeted_attention.model.router import RouterConfig
@@ -236,7 +238,20 @@ def _shape(entry: dict[str, Any]) -> dict[str, Any]:
 
 def config_digest(cfg: ExperimentConfig) -> str:
     """SHA-256 of the resolved config (what ``config.sha256`` stamps in a run directory)."""
+    return _digest_of(to_dict(cfg))
+
+
+def unit_config_digest(cfg: ExperimentConfig) -> str:
+    """SHA-256 of the resolved config without its ``seeds``: what every finished-unit record
+    carries (``UNIT_DIGEST_KEY``). The seed list is left out because a unit belongs to one seed,
+    and the units of a merged run come from parts with other seed lists."""
     data = to_dict(cfg)
+    data.pop("seeds", None)
+    return _digest_of(data)
+
+
+def _digest_of(data: dict[str, Any]) -> str:
+    """SHA-256 of a resolved config mapping, without the training device and the later keys at their defaults."""
     data["train"].pop("device", None)  # where a run trains is not what it computes: resumable anywhere
     for path, default in _LATER_KEYS.items():
         parent = data
@@ -245,6 +260,10 @@ def config_digest(cfg: ExperimentConfig) -> str:
         if path[-1] in parent and parent[path[-1]] == default:
             del parent[path[-1]]
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+# The key of a finished-unit record holding :func:`unit_config_digest` (absent from records of older code).
+UNIT_DIGEST_KEY = "config_sha256_except_seeds"
 
 
 def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -> ExperimentConfig:
@@ -324,7 +343,22 @@ class Experiment:
 
     def __init__(self, cfg: ExperimentConfig, out_dir: str | Path, progress: bool = True, log=print) -> None:
         self.cfg, self.out, self.progress, self.log = cfg, Path(out_dir), progress, log
+        # One writer per run directory, taken before anything is read: a second writer (another
+        # config included) is told at once who holds it. Released at the end of :meth:`run`, on a
+        # failed start, or when an object that never ran is collected.
+        self._lock = RunDirLock(self.out, log=log).acquire()
+        weakref.finalize(self, self._lock.release)
+        try:
+            self._start()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _start(self) -> None:
+        cfg = self.cfg
         self._check_resumable()
+        if self._lock.held:  # every other writer of this directory is shut out: what is left over is stale
+            remove_stale_temp_files(self.out, self.log)
         # Everything that can fail on a config or data mistake runs before the run directory is
         # stamped, so a failed start can be rerun into the same --out after the fix.
         self.builder = make_builder(cfg.model_family, cfg.model, cfg.pretrained, cfg.group_size)
@@ -355,6 +389,19 @@ class Experiment:
     def _stamp_config(self) -> None:
         write_text_atomic(self.out / "config.sha256", self._digest() + "\n")
 
+    def _unit_digest(self) -> str:
+        return unit_config_digest(self.cfg)
+
+    def _check_unit_digest(self, path: Path, record: dict[str, Any]) -> None:
+        """Refuse a finished-unit record made under another configuration (records of older code
+        carry no digest and are accepted)."""
+        recorded = record.get(UNIT_DIGEST_KEY)
+        if recorded is not None and recorded != self._unit_digest():
+            raise ConfigError(
+                f"finished-unit record '{path}' was made with another configuration ({UNIT_DIGEST_KEY} {recorded}, "
+                f"this run's {self._unit_digest()}): delete it to rerun the unit, or use another --out"
+            )
+
     def _unit_path(self, seed: int, unit: str) -> Path:
         return self.out / "units" / f"seed{seed}" / f"{unit}.json"
 
@@ -380,13 +427,14 @@ class Experiment:
         record = work()
         record["rows"] = [r.to_dict() if isinstance(r, ResultRow) else r for r in record.get("rows", [])]
         record["seconds"] = time.time() - started
+        record[UNIT_DIGEST_KEY] = self._unit_digest()
         write_json_atomic(path, record)  # rank 0 only (other ranks' writes are discarded)
         distributed.barrier()  # the next unit reads what rank 0 wrote (checkpoints, rankings)
         return record
 
-    @staticmethod
-    def _read_unit(path: Path) -> dict[str, Any]:
-        """A finished unit's record, checked (a clear error names a corrupt or malformed file)."""
+    def _read_unit(self, path: Path) -> dict[str, Any]:
+        """A finished unit's record, checked (a clear error names a corrupt or malformed file, or
+        one made with another configuration)."""
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -394,6 +442,7 @@ class Experiment:
         rows = record.get("rows", []) if isinstance(record, dict) else None
         if not isinstance(rows, list) or not all(isinstance(r, dict) and "method" in r and "budget" in r for r in rows):
             raise CheckpointError(f"finished-unit record '{path}' is malformed; delete it to rerun the unit")
+        self._check_unit_digest(path, record)
         return record
 
     def _load(self, seed: int, name: str) -> tuple[GatedModel, dict[str, Any]]:
@@ -616,9 +665,12 @@ class Experiment:
         path = self.out / "units" / f"seed{seed}" / "posthoc-ranking.json"
         if path.exists():
             try:
-                return ranking_from_dict(json.loads(path.read_text(encoding="utf-8")))
+                saved = json.loads(path.read_text(encoding="utf-8"))
+                ranking = ranking_from_dict(saved)
             except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
                 raise CheckpointError(f"post-hoc ranking '{path}' is malformed ({exc}); delete it to recompute") from exc
+            self._check_unit_digest(path, saved)
+            return ranking
         dense, _ = self._load(seed, "dense")
         # Importance on the validation split (never test), as in Michel et al. (2019).
         if self.cfg.posthoc_importance == "gradient":
@@ -627,7 +679,7 @@ class Experiment:
             scores = UnitGates(leave_one_out_importance(dense, self.splits.val, dense.n_layers, dense.n_heads, task=self.task), None)
         ranking = self._rank(dense, scores)
         saved = {"heads": scores.heads.tolist(), **({"ffn": scores.ffn.tolist()} if scores.ffn is not None else {})}
-        write_json_atomic(path, {**ranking.to_dict(), "scores": saved, "importance": self.cfg.posthoc_importance})
+        write_json_atomic(path, {**ranking.to_dict(), "scores": saved, "importance": self.cfg.posthoc_importance, UNIT_DIGEST_KEY: self._unit_digest()})
         return ranking
 
     def _posthoc(self, seed: int) -> dict[str, Any]:
@@ -821,7 +873,15 @@ class Experiment:
         write the outputs of the units already finished (a partial run, said so in the notes).
         ``retime``: run every timing unit again (its record replaced when it finishes, so an
         interrupted retime keeps the timings it has not redone); the run must be finished, and
-        nothing is trained. For timings taken on a busy machine, e.g. seeds trained side by side."""
+        nothing is trained. For timings taken on a busy machine, e.g. seeds trained side by side.
+        The run directory's lock is held throughout and released at the end, whatever happens."""
+        self._lock.acquire()  # again when this object ran before (its lock was released then)
+        try:
+            return self._run(finished_only, retime)
+        finally:
+            self._lock.release()
+
+    def _run(self, finished_only: bool, retime: bool) -> dict[str, Any]:
         if finished_only and retime:
             raise ConfigError("--retime times the models again and --finished-only runs nothing: use one of them")
         started = time.time()

@@ -16,12 +16,21 @@ finished units, exactly as a resumed run writes them.
 A seed trained alone is not bit-identical to the same seed inside a multi-seed run (a unit's
 random seed is ``1000 * seed + its position in the plan``, and a multi-seed plan lists the earlier
 seeds' units first); each part reproduces from its own command, which the merged run records.
+
+What a merge checks and cleans: every part's ``config.sha256`` must be the digest of its
+``config.yaml`` (an edited config is refused); a part another process is writing is refused; no
+symbolic link that leads out of a part is followed (one is refused before anything is copied;
+links within a part are copied as links); each part's ``.lock`` and leftover ``*.tmp`` files are
+not copied. The staging copy ``.OUT.merging-p<PID>-XXXXXXXX`` beside ``--out`` holds the run lock
+while it is built and is removed in ``finally``; staging copies of killed merges (their PID no
+longer runs on this host, their lock is free) are removed by the next merge into that folder.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -31,7 +40,8 @@ import yaml
 
 from budgeted_attention.config import to_dict
 from budgeted_attention.errors import ConfigError
-from budgeted_attention.io import write_json_atomic, write_yaml_atomic
+from budgeted_attention.io import pid_alive, write_json_atomic, write_yaml_atomic
+from budgeted_attention.runlock import LOCK_NAME, RunDirLock, abandoned, current_holder, describe_holder
 
 # Written once per run from the data (identical in parts with the same config); copied from the first part.
 SHARED_FILES = ("tokenizer.json", "labels.json", "lengths.json")
@@ -47,10 +57,58 @@ def _read_part(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     except FileNotFoundError as exc:
         raise ConfigError(f"'{path}' is not a run directory of 'baa experiment' ({Path(exc.filename).name} is missing)") from None
     except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"'{path}' holds a malformed config.yaml or run_info.json ({exc})") from None
+        reason = " ".join(str(exc).split())  # YAML errors span several lines
+        raise ConfigError(f"'{path}' holds a malformed config.yaml or run_info.json ({reason})") from None
     if not isinstance(config, dict) or not isinstance(config.get("seeds"), list) or not isinstance(info, dict):
         raise ConfigError(f"'{path}' is not a run directory of 'baa experiment' (config.yaml has no seeds list)")
+    holder = current_holder(path)
+    if holder is not None:
+        raise ConfigError(f"'{path}' is being written by {describe_holder(holder)}: merge it once that run has finished")
+    _check_stamp(path, config)
     return config, info
+
+
+def _check_stamp(part: Path, config: dict[str, Any]) -> None:
+    """Refuse a part whose ``config.yaml`` is not the config its ``config.sha256`` stamped (edited
+    after the run: its units were computed under another config)."""
+    from budgeted_attention.recipes.experiment import config_digest, config_from_dict  # noqa: PLC0415
+
+    try:
+        stamped = (part / "config.sha256").read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise ConfigError(f"'{part}' is not a run directory of 'baa experiment' (config.sha256 is missing)") from None
+    try:
+        actual = config_digest(config_from_dict(config))
+    except ConfigError as exc:
+        raise ConfigError(f"'{part}/config.yaml': {exc}") from None
+    if actual != stamped:
+        raise ConfigError(
+            f"'{part}/config.yaml' is not the config its run was made with: its digest is {actual}, "
+            f"'{part}/config.sha256' says {stamped} (edited after the run?); restore it or rerun that part"
+        )
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _check_links(part: Path, seeds: list[int]) -> None:
+    """Refuse a symbolic link among what is copied from ``part`` that leads out of it (a link
+    loop such as ``up -> ../..`` included), before anything is copied."""
+    root = Path(os.path.realpath(part))
+    tops = [part / folder / f"seed{seed}" for seed in seeds for folder in ("units", "checkpoints")]
+    tops += [part / name for name in SHARED_FILES]
+    for top in tops:
+        candidates = [top, top.parent]
+        if top.is_dir() and not top.is_symlink():
+            for folder, dirs, files in os.walk(top, followlinks=False):
+                candidates += [Path(folder) / name for name in dirs + files]
+        for path in candidates:
+            if path.is_symlink() and not _inside(Path(os.path.realpath(path)), root):
+                raise ConfigError(
+                    f"'{path}' is a symbolic link to '{os.readlink(path)}', outside the part '{part}': "
+                    "a merge copies only what lies inside its parts"
+                )
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -85,6 +143,7 @@ def _check_compatible(parts: list[Path], configs: list[dict[str, Any]]) -> list[
     first = _flat(_resolved(configs[0], parts[0]))
     seen: dict[int, Path] = {}
     for part, config in zip(parts, configs, strict=True):
+        _check_links(part, [s for s in config["seeds"] if isinstance(s, int) and not isinstance(s, bool)])
         other = _flat(_resolved(config, part))
         if other != first:
             keys = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
@@ -114,7 +173,16 @@ def _stage(paths: list[Path], configs: list[dict[str, Any]], infos: list[dict[st
     for part, config, info in zip(paths, configs, infos, strict=True):
         for seed in config["seeds"]:
             for folder in ("units", "checkpoints"):
-                shutil.copytree(part / folder / f"seed{seed}", staging / folder / f"seed{seed}")
+                source = part / folder / f"seed{seed}"
+                try:
+                    # Links within the part stay links (never followed); a part's lock file and the
+                    # temporary files of its interrupted writes are not artifacts.
+                    shutil.copytree(source, staging / folder / f"seed{seed}", symlinks=True, ignore=_NOT_COPIED)
+                except shutil.Error as exc:  # one entry per failed file: report the first, on one line
+                    errors = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
+                    first = " ".join(str(errors[0][-1] if errors and isinstance(errors[0], tuple) else exc).split())[:300]
+                    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+                    raise ConfigError(f"copying '{source}' failed: {first}{more}") from None
         for invocation in info.get("invocations", []):
             if isinstance(invocation, dict):
                 # A part that was itself merged keeps its inner parts' tags.
@@ -123,11 +191,32 @@ def _stage(paths: list[Path], configs: list[dict[str, Any]], infos: list[dict[st
     write_json_atomic(staging / "run_info.json", {"seeds": seeds, "environment": infos[0].get("environment", {}), "invocations": invocations})
 
 
+_NOT_COPIED = shutil.ignore_patterns(LOCK_NAME, ".*.tmp")
+
+# ``.OUT.merging-p<PID>-XXXXXXXX``: the staging copy of a merge into OUT by process PID.
+_STAGING = re.compile(r"^\..+\.merging-p(?P<pid>\d+)-[a-z0-9_]{8}$")
+
+
+def _remove_stale_staging(folder: Path, log) -> None:
+    """Remove the staging copies in ``folder`` that killed merges left (a SIGKILL runs no
+    ``finally``): their process no longer runs on this host and their lock is free."""
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        match = _STAGING.match(entry.name)
+        if match is None or entry.is_symlink() or not entry.is_dir():
+            continue
+        if pid_alive(int(match["pid"])) or not abandoned(entry):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)  # rmtree removes links, never what they point to
+        log(f"removed '{entry}', the staging copy of a merge that was killed (PID {match['pid']})")
+
+
 def _new_folder_beside(target: Path) -> Path:
     """An empty staging folder next to ``target`` with the permissions a plain ``mkdir`` gives
-    (``mkdtemp`` makes it 0700, and the rename would keep that)."""
+    (``mkdtemp`` makes it 0700, and the rename would keep that), named with this process's PID."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.merging-p{os.getpid()}-", dir=target.parent))
     umask = os.umask(0)
     os.umask(umask)
     staging.chmod(0o777 & ~umask)
@@ -137,8 +226,9 @@ def _new_folder_beside(target: Path) -> Path:
 def run_merged(parts: list[str | Path], out: str | Path, progress: bool = True, log=print) -> list[int]:
     """Merge the parts into ``out`` (a new directory) and write its outputs from the finished units
     (nothing is trained or timed; ``baa experiment OUT/config.yaml --out OUT --retime`` times it
-    again). Everything is built in a temporary sibling and renamed at the end, so a failed merge
-    leaves nothing behind; a merge with missing units is refused. Returns the merged seeds."""
+    again). Everything is built in a temporary sibling (locked while it is built) and renamed at
+    the end, so a failed merge leaves nothing behind; a merge with missing units is refused.
+    Returns the merged seeds."""
     from budgeted_attention.recipes.experiment import Experiment, config_from_dict  # noqa: PLC0415
     from budgeted_attention.training import distributed  # noqa: PLC0415
 
@@ -151,18 +241,24 @@ def run_merged(parts: list[str | Path], out: str | Path, progress: bool = True, 
     read = [_read_part(p) for p in paths]
     configs, infos = [config for config, _ in read], [info for _, info in read]
     seeds = _check_compatible(paths, configs)
+    _remove_stale_staging(target.parent, log)
     staging = _new_folder_beside(target)
     try:
-        _stage(paths, configs, infos, seeds, staging)
-        cfg = config_from_dict({**configs[0], "seeds": seeds})
-        with distributed.running("cpu"):
-            experiment = Experiment(cfg, staging, progress=progress, log=lambda *_: None)
-            experiment.run(finished_only=True)
-        if experiment.partial:
-            raise ConfigError(f"the parts do not hold finished runs: {experiment.partial.removeprefix('PARTIAL RUN: ')}")
+        # The Experiment below takes this lock again (same process): no deadlock, and the lock
+        # file goes with the last release, before the rename.
+        with RunDirLock(staging, log=log):
+            _stage(paths, configs, infos, seeds, staging)
+            cfg = config_from_dict({**configs[0], "seeds": seeds})
+            with distributed.running("cpu"):
+                experiment = Experiment(cfg, staging, progress=progress, log=lambda *_: None)
+                experiment.run(finished_only=True)
+            if experiment.partial:
+                raise ConfigError(f"the parts do not hold finished runs: {experiment.partial.removeprefix('PARTIAL RUN: ')}")
+        if target.exists():
+            raise ConfigError(f"--out '{target}' was created by another process while merging; merge into a new directory")
         staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
     log(f"run directory: {target}")
     return seeds
