@@ -140,3 +140,5 @@ results: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
+	$(BIN)/baa experiment --no-progress --threads 1 configs/bbc_short.yaml --set 'seeds=[0]' --set 'methods=[dense,budgeted,budgeted-hard]' --out runs/bbc_short_serve
+	$(BIN)/python benchmarks/serve_soak.py runs/bbc_short_serve --out runs/serve_soak --seconds 120 --rate 20 --docs docs/serving.md
