@@ -128,6 +128,8 @@ results: $(STAMP)
 	test -d runs/bbc_short_all_skip_es || $(BIN)/baa merge --no-progress runs/_es2_s0 runs/_es2_s1 runs/_es2_s2 runs/_es2_s3 runs/_es2_s4 runs/_es2_s5 runs/_es2_s6 runs/_es2_s7 \
 		--out runs/bbc_short_all_skip_es
 	$(BIN)/baa experiment --no-progress runs/bbc_short_all_skip_es/config.yaml --out runs/bbc_short_all_skip_es --retime
+	$(BIN)/baa experiment --no-progress --threads 1 configs/bbc_short.yaml --set 'seeds=[0]' --set 'methods=[dense,budgeted,budgeted-hard]' --out runs/bbc_short_serve
+	$(BIN)/python benchmarks/serve_soak.py runs/bbc_short_serve --out runs/serve_soak --seconds 120 --rate 20 --docs docs/serving.md
 	$(BIN)/baa report runs/demo runs/d256 runs/bbc_short runs/minilm_bbc_short runs/demo_all runs/d256_all runs/bbc_short_all runs/minilm_bbc_short_all \
 		runs/tiny_lm_bayesian runs/tiny_lm_prior_free runs/tiny_lm_softmax runs/meta_long runs/lm_san_compare runs/lm_san_compare_long runs/lm_san runs/lm_char \
 		runs/routing_bbc_short runs/routing_demo runs/routing_minilm_bbc_short runs/serve_load_minilm runs/serve_load_minilm_floor01 \
@@ -136,9 +138,7 @@ results: $(STAMP)
 		runs/serve_load_defaults_gc runs/serve_ab_deadline_batching_gc runs/serve_load_final runs/serve_ab_deadline_batching_tight \
 		runs/minilm_all_seed1 runs/minilm_all_seed2 runs/serve_load_lean runs/routing_bbc_short_speed runs/routing_minilm_speed \
 		runs/d256_all_skip_amd runs/d256_all_amd runs/routing_bbc_short_speed_amd \
-		runs/bbc_short_ladder3_amd runs/bbc_short_es_dense_ladder runs/bbc_short_all_skip_es runs/minilm_all_seed0_amd --out docs/results.md
+		runs/bbc_short_ladder3_amd runs/bbc_short_es_dense_ladder runs/bbc_short_all_skip_es runs/minilm_all_seed0_amd runs/serve_soak --out docs/results.md
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
-	$(BIN)/baa experiment --no-progress --threads 1 configs/bbc_short.yaml --set 'seeds=[0]' --set 'methods=[dense,budgeted,budgeted-hard]' --out runs/bbc_short_serve
-	$(BIN)/python benchmarks/serve_soak.py runs/bbc_short_serve --out runs/serve_soak --seconds 120 --rate 20 --docs docs/serving.md
