@@ -202,7 +202,8 @@ def test_a_client_that_leaves_mid_body_is_counted_apart_from_errors(server, capl
 
 def test_unknown_routes_and_methods_use_the_one_error_shape(server):
     port, _ = server
-    for head, code in ((request_head(method="GET", path="/nope"), 404), (request_head(method="GET"), 405)):
+    garbage = b"\x16\x03\x01 not HTTP at all\r\n\r\n"  # e.g. a TLS client on the plain port
+    for head, code in ((request_head(method="GET", path="/nope"), 404), (request_head(method="GET"), 405), (garbage, 400)):
         status, raw, _ = exchange(port, head)
         assert status == code and set(body_of(raw)) == {"error"}
 

@@ -171,15 +171,15 @@ def make_guarded_protocol() -> type:
             except httptools.HttpParserCallbackError as exc:
                 refused = exc.__context__ if isinstance(exc.__context__, _Refused) else None
                 if refused is None:
-                    self.send_400_response("Invalid HTTP request received.")
+                    self._refuse(400, "Bad Request", "invalid HTTP request")
                 else:
                     self._refuse(refused.status, refused.reason, refused.message)
                 return
             except httptools.HttpParserUpgrade:
                 self._unsupported_upgrade_warning()
                 return
-            except httptools.HttpParserError:
-                self.send_400_response("Invalid HTTP request received.")
+            except httptools.HttpParserError as exc:  # uvicorn answers these in text: ours are JSON
+                self._refuse(400, "Bad Request", f"invalid HTTP request ({str(exc)[:80]})")
                 return
             limit = self.head_limits().max_header_bytes
             if self._in_head and self._head_bytes > limit:  # a head still arriving, already too long
