@@ -96,3 +96,85 @@ def test_sorted_and_pruned_models_keep_their_head_identity_through_save_load(tin
     assert loaded.head_ids == [[3, 1], [], [2]]
     with torch.no_grad():
         assert torch.equal(loaded(tiny_ids, budget=0.6), pruned(tiny_ids, budget=0.6))
+
+
+def _tokenizer(folder, texts, permute=False):
+    """A word-level tokenizer of ``texts`` saved as ``folder/tokenizer.json`` (``permute``: the same
+    vocabulary with its ids reversed: same size, other digest)."""
+    from budgeted_attention.data.text import build_tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tokenizer.json"
+    build_tokenizer(texts, max_len=8, min_frequency=1, max_vocab=100).save(str(path))
+    if permute:
+        data = json.loads(path.read_text())
+        vocab = data["model"]["vocab"]
+        data["model"]["vocab"] = {token: len(vocab) - 1 - index for token, index in vocab.items()}
+        path.write_text(json.dumps(data))
+    return path
+
+
+def test_checkpoint_records_its_tokenizer_and_labels_and_refuses_others(tiny_model, tmp_path):
+    from budgeted_attention.checkpoint import read_description, verify_artifacts
+    from budgeted_attention.io import sha256_file
+
+    run = tmp_path / "run"
+    tokenizer = _tokenizer(run, ["a cat sat", "a dog ran far"])
+    (run / "labels.json").write_text(json.dumps({"class_names": ["x", "y", "z"]}))
+    save_model(tiny_model, run / "m", artifacts_dir=run)
+    description = read_description(run / "m")
+    assert description["tokenizer"] == {"file": "tokenizer.json", "sha256": sha256_file(tokenizer), "vocab_size": 9}
+    assert description["labels"]["sha256"] == sha256_file(run / "labels.json") and description["labels"]["n_labels"] == 3
+    verify_artifacts(run / "m", description, run)  # its own files
+    verify_artifacts(run / "m", description, tmp_path / "empty")  # absent files are not checked here
+
+    other = _tokenizer(tmp_path / "other", ["the quick brown fox", "jumps"])  # another run's
+    with pytest.raises(CheckpointError, match=f"'{other}' is not the tokenizer '{run / 'm.json'}' was trained with"):
+        verify_artifacts(run / "m", description, tmp_path / "other")
+    reordered = _tokenizer(tmp_path / "reordered", ["a cat sat", "a dog ran far"], permute=True)
+    assert json.loads(reordered.read_text())["model"]["vocab"] != json.loads(tokenizer.read_text())["model"]["vocab"]
+    with pytest.raises(CheckpointError, match=r"reordered/tokenizer.json' is not the tokenizer .* 9 tokens; recorded .* 9 tokens"):
+        verify_artifacts(run / "m", description, tmp_path / "reordered")
+    (tmp_path / "reordered" / "labels.json").write_text(json.dumps({"class_names": ["z", "y", "x"]}))
+    (tmp_path / "reordered" / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="labels.json' is not the labels file .*m.json"):
+        verify_artifacts(run / "m", description, tmp_path / "reordered")
+
+
+def test_old_checkpoints_without_provenance_still_refuse_a_tokenizer_too_big_for_the_model(tiny_model, tmp_path):
+    from budgeted_attention.checkpoint import verify_artifacts
+
+    save_model(tiny_model, tmp_path / "m")  # no artifacts_dir: what older code wrote
+    model, description = load_model(tmp_path / "m")
+    assert "tokenizer" not in description
+    small = _tokenizer(tmp_path / "small", ["a cat sat"])  # 6 tokens, the model has 29 rows
+    verify_artifacts(tmp_path / "m", description, small.parent, model)
+    big = _tokenizer(tmp_path / "big", [" ".join(f"w{i}" for i in range(40))])
+    for given in (model, None):  # the model's embedding, or the description's vocab_size
+        with pytest.raises(CheckpointError, match=f"'{big}' has 43 tokens, more than the 29 embedding rows of '.*m.json'"):
+            verify_artifacts(tmp_path / "m", description, big.parent, given)
+    (small.parent / "labels.json").write_text(json.dumps({"class_names": ["x", "y"]}))  # the model has 3 outputs
+    with pytest.raises(CheckpointError, match="names 2 classes, '.*m.json' has 3 outputs"):
+        verify_artifacts(tmp_path / "m", description, small.parent)
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+@pytest.mark.parametrize("command", ["bench", "export"])
+def test_bench_and_export_refuse_another_runs_tokenizer_with_one_line(tiny_run, tmp_path, capsys, command):
+    import shutil
+
+    from budgeted_attention.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    data = json.loads((run / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    data["model"]["vocab"] = {token: len(vocab) - 1 - index for token, index in vocab.items()}  # reordered
+    (run / "tokenizer.json").write_text(json.dumps(data))
+    bench = (run / "bench.json").read_bytes()
+    fast = ["--budgets", "0.5", "--batch-sizes", "1", "--seq-lens", "8", "--rounds", "1", "--min-run-time", "0.001", "--no-progress"]
+    code = main([command, str(run), *(fast if command == "bench" else ["--budget", "0.5"])])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("baa: error:"), err
+    assert f"'{run / 'tokenizer.json'}' is not the tokenizer" in err[0] and "budgeted-hard.json" in err[0]
+    assert (run / "bench.json").read_bytes() == bench and not (run / "onnx").exists()  # refused before anything was written

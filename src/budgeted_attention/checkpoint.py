@@ -10,6 +10,13 @@ A checkpoint named ``NAME`` is two files:
 Loading checks the format tag, the family, the hash (catches truncated or corrupted weights and a
 weights file that belongs to another checkpoint), the tensor names and shapes, and raises
 :class:`CheckpointError` with the offending path and reason.
+
+Provenance of the files a model needs beside its weights: a checkpoint saved with
+``artifacts_dir`` (the run directory) records ``tokenizer`` (``file``, ``sha256``, ``vocab_size``)
+and ``labels`` (``file``, ``sha256``, ``n_labels``) of the run that trained it, and
+:func:`verify_artifacts` refuses a folder whose files differ. Checkpoints of older code record
+neither and load as before, but a tokenizer with more tokens than the model has embedding rows,
+or a labels file with another number of classes, is refused for them too.
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.router import RouterConfig
 
 FORMAT = "budgeted_attention/2"
+
+# The files of a run directory a model is used with (tokenizer: the text -> ids of its embedding
+# rows; labels: the class names of its logits).
+TOKENIZER_FILE = "tokenizer.json"
+LABELS_FILE = "labels.json"
 
 # family name -> "module:class"; imported lazily so optional dependencies stay optional.
 FAMILIES = {
@@ -58,9 +70,11 @@ def checkpoint_paths(path: str | Path) -> tuple[Path, Path]:
     return base.with_name(base.name + ".safetensors"), base.with_name(base.name + ".json")
 
 
-def save_model(model: GatedModel, path: str | Path, **extra: Any) -> Path:
+def save_model(model: GatedModel, path: str | Path, *, artifacts_dir: str | Path | None = None, **extra: Any) -> Path:
     """Save ``model`` atomically as ``NAME.safetensors`` + ``NAME.json``; returns the JSON path.
 
+    ``artifacts_dir``: the run directory whose ``tokenizer.json`` / ``labels.json`` the model was
+    trained with; their digests go into the JSON (:func:`artifact_provenance`).
     ``extra`` entries (JSON-serialisable: ranking, method, budget, steps...) go into the JSON.
     """
     if not getattr(model, "family", ""):
@@ -78,10 +92,108 @@ def save_model(model: GatedModel, path: str | Path, **extra: Any) -> Path:
         "weights_file": weights_path.name,
         "weights_sha256": digest,
         "tensors": {name: list(tensor.shape) for name, tensor in tensors.items()},
+        **(artifact_provenance(artifacts_dir) if artifacts_dir is not None else {}),
         **extra,
     }
     write_json_atomic(meta_path, description)
     return meta_path
+
+
+def _tokenizer_size(path: Path) -> int:
+    """Tokens of a ``tokenizers`` JSON file (added tokens included: ids the model can receive)."""
+    from tokenizers import Tokenizer  # noqa: PLC0415
+
+    try:
+        return Tokenizer.from_file(str(path)).get_vocab_size()
+    except Exception as exc:  # the Rust side raises plain Exception subclasses on malformed files
+        raise CheckpointError(f"'{path}' is not a readable tokenizer: {' '.join(str(exc).split())[:200]}") from None
+
+
+def _label_count(path: Path) -> int:
+    """Class names in a run's ``labels.json``."""
+    try:
+        names = json.loads(path.read_text(encoding="utf-8"))["class_names"]
+        if not isinstance(names, list):
+            raise TypeError("class_names is not a list")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"'{path}' is not a labels file with a class_names list: {exc}") from None
+    return len(names)
+
+
+def artifact_provenance(folder: str | Path) -> dict[str, Any]:
+    """``{"tokenizer": {"file", "sha256", "vocab_size"}, "labels": {"file", "sha256", "n_labels"}}``
+    for the ``tokenizer.json`` / ``labels.json`` present in ``folder`` (a missing one is left out)."""
+    folder = Path(folder)
+    found: dict[str, Any] = {}
+    tokenizer, labels = folder / TOKENIZER_FILE, folder / LABELS_FILE
+    if tokenizer.is_file():
+        found["tokenizer"] = {"file": TOKENIZER_FILE, "sha256": sha256_file(tokenizer), "vocab_size": _tokenizer_size(tokenizer)}
+    if labels.is_file():
+        found["labels"] = {"file": LABELS_FILE, "sha256": sha256_file(labels), "n_labels": _label_count(labels)}
+    return found
+
+
+def _architecture_size(description: dict[str, Any], key: str) -> int | None:
+    """``vocab_size`` (embedding rows) or ``n_classes`` (outputs) from the architecture description:
+    our families' ``model_config``, the BERT family's ``hf_config`` (outputs: its ``id2label``)."""
+    architecture = description.get("architecture")
+    architecture = architecture if isinstance(architecture, dict) else {}
+    ours, theirs = architecture.get("model_config"), architecture.get("hf_config")
+    value = ours.get(key) if isinstance(ours, dict) else None
+    if value is None and isinstance(theirs, dict):
+        value = len(theirs.get("id2label") or {}) or None if key == "n_classes" else theirs.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def run_dir_of(checkpoint: str | Path) -> Path:
+    """The run directory of a checkpoint at ``RUN/checkpoints/seed<N>/NAME``, else the checkpoint's own folder."""
+    _, meta_path = checkpoint_paths(checkpoint)
+    if meta_path.parent.parent.name == "checkpoints":
+        return meta_path.parent.parent.parent
+    return meta_path.parent
+
+
+def verify_artifacts(checkpoint_path: str | Path, description: dict[str, Any], folder: str | Path, model: GatedModel | None = None) -> None:
+    """Refuse the ``tokenizer.json`` / ``labels.json`` of ``folder`` when they are not the files
+    the checkpoint at ``checkpoint_path`` (its ``description``, from :func:`read_description` or
+    :func:`load_model`) was trained with.
+
+    Refused, with a one-line :class:`CheckpointError` naming both files: a file whose SHA-256
+    differs from the recorded one; a tokenizer with more tokens than the model's embedding rows
+    (``model``'s when given, else the description's ``vocab_size``), or a labels file with another
+    number of classes than the model, also for checkpoints that record no digest (older code). A
+    file absent from ``folder`` is not checked: the command that needs it says so.
+    """
+    _, meta_path = checkpoint_paths(checkpoint_path)
+    folder = Path(folder)
+    tokenizer = folder / TOKENIZER_FILE
+    if tokenizer.is_file():
+        recorded = description.get("tokenizer") if isinstance(description.get("tokenizer"), dict) else {}
+        actual = sha256_file(tokenizer)
+        size = recorded.get("vocab_size") if actual == recorded.get("sha256") else _tokenizer_size(tokenizer)
+        if recorded.get("sha256") and actual != recorded["sha256"]:
+            raise CheckpointError(
+                f"'{tokenizer}' is not the tokenizer '{meta_path}' was trained with (SHA-256 {actual[:16]}..., {size} tokens; "
+                f"recorded {str(recorded['sha256'])[:16]}..., {recorded.get('vocab_size', '?')} tokens): use that run's {TOKENIZER_FILE}"
+            )
+        rows = model.input_embedding().num_embeddings if model is not None else _architecture_size(description, "vocab_size")
+        if rows is not None and isinstance(size, int) and size > rows:
+            raise CheckpointError(
+                f"'{tokenizer}' has {size} tokens, more than the {rows} embedding rows of '{meta_path}': it is another model's tokenizer"
+            )
+    labels = folder / LABELS_FILE
+    if labels.is_file():
+        recorded = description.get("labels") if isinstance(description.get("labels"), dict) else {}
+        actual = sha256_file(labels)
+        count = _label_count(labels)
+        if recorded.get("sha256") and actual != recorded["sha256"]:
+            raise CheckpointError(
+                f"'{labels}' is not the labels file '{meta_path}' was trained with (SHA-256 {actual[:16]}..., "
+                f"recorded {str(recorded['sha256'])[:16]}...): use that run's {LABELS_FILE}"
+            )
+        classes = _architecture_size(description, "n_classes")
+        if classes is not None and description.get("family") != "decoder" and count != classes:
+            raise CheckpointError(f"'{labels}' names {count} classes, '{meta_path}' has {classes} outputs: it is another model's labels file")
 
 
 def read_description(path: str | Path) -> dict[str, Any]:

@@ -264,13 +264,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description
+    from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description, run_dir_of, verify_artifacts
     from budgeted_attention.export.onnx import export_budgets
     from budgeted_attention.recipes.bench import find_hard_checkpoint
 
     checkpoint = find_hard_checkpoint(args.run_dir, args.seed, command="baa experiment")
     parse_ranking(checkpoint, read_description(checkpoint))
     model, description = load_model(checkpoint)
+    verify_artifacts(checkpoint, description, run_dir_of(checkpoint), model)  # the graphs are served with this run's tokenizer
     ranking = load_ranking(checkpoint, description, model)
     default_out = Path(args.run_dir) / "onnx" if Path(args.run_dir).is_dir() else checkpoint.parent / "onnx"
     export_budgets(model, ranking, args.budgets or [0.25, 0.5, 0.75, 1.0], args.out or default_out, atol=args.atol)

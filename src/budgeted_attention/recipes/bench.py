@@ -9,7 +9,7 @@ from typing import Any
 from budgeted_attention.benchmark.config import BenchConfig
 from budgeted_attention.benchmark.runner import bench_ranking
 from budgeted_attention.reporting.bench_table import bench_table
-from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description
+from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description, run_dir_of, verify_artifacts
 from budgeted_attention.errors import CheckpointError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
 from budgeted_attention.reporting.plots import plot_speedups
@@ -53,7 +53,9 @@ def run_bench(
 ) -> dict[str, Any]:
     """Bench the budgeted-hard checkpoint of a run (any model family) and write JSON/MD/PNG."""
     checkpoint = find_hard_checkpoint(run_dir, seed)
-    parse_ranking(checkpoint, read_description(checkpoint))  # a bad checkpoint fails before any model is built
+    description = read_description(checkpoint)
+    parse_ranking(checkpoint, description)  # a bad checkpoint fails before any model is built
+    verify_artifacts(checkpoint, description, run_dir_of(checkpoint))  # and so does another run's tokenizer or labels
     cfg = BenchConfig(budgets=budgets, batch_sizes=batch_sizes, seq_lens=seq_lens, threads=threads, rounds=rounds, min_run_time=min_run_time, lengths=lengths, onnx=onnx,
                       device=device, compile=compile, cuda_graphs=cuda_graphs)
     model, description = load_model(checkpoint)

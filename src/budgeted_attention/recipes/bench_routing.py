@@ -9,7 +9,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from budgeted_attention.benchmark.routing import bench_routing, routing_bench_markdown
-from budgeted_attention.checkpoint import load_model
+from budgeted_attention.checkpoint import load_model, verify_artifacts
 from budgeted_attention.config import load_yaml
 from budgeted_attention.data.lm import load_documents, split_documents, token_blocks
 from budgeted_attention.errors import CheckpointError, ConfigError, DataError
@@ -33,7 +33,8 @@ def run_bench_routing(
     if cfg.task != "lm" or cfg.model.attention != "meta":
         raise ConfigError(f"'{run}' is not a Meta-Attention language-model run (task {cfg.task!r}, attention {cfg.model.attention!r})")
     checkpoint = find_hard_checkpoint(run, seed, name="dense", command="baa lm CONFIG")
-    model, _ = load_model(checkpoint)
+    model, description = load_model(checkpoint)
+    verify_artifacts(checkpoint, description, run, model)
     tokenizer = Tokenizer.from_file(str(run / "tokenizer.json"))
     _, _, test_docs = split_documents(load_documents(cfg.lm_data), cfg.lm_data)
     blocks_by_len = {}

@@ -60,7 +60,7 @@ from tqdm.auto import tqdm
 from budgeted_attention.benchmark.config import BenchConfig
 from budgeted_attention.benchmark.runner import bench_against_reference, bench_models, bench_ranking
 from budgeted_attention.reporting.bench_table import bench_table
-from budgeted_attention.checkpoint import checkpoint_paths, load_model, load_ranking, save_model
+from budgeted_attention.checkpoint import checkpoint_paths, load_model, load_ranking, save_model, verify_artifacts
 from budgeted_attention.config import (
     apply_overrides,
     check_budgets,
@@ -446,7 +446,12 @@ class Experiment:
         return record
 
     def _load(self, seed: int, name: str) -> tuple[GatedModel, dict[str, Any]]:
-        return load_model(self._ckpt(seed, name))
+        """A saved model of this run, refused when the run's tokenizer or labels are no longer
+        the ones it was trained with (rebuilt differently on a resume)."""
+        path = self._ckpt(seed, name)
+        model, description = load_model(path)
+        verify_artifacts(path, description, self.out, model)
+        return model, description
 
     def _steps_of(self, seed: int, name: str) -> int:
         return int(self._load_description(seed, name).get("steps", 0))
@@ -526,7 +531,7 @@ class Experiment:
             # DynaBERT-style reordering on the TRAINING split: groups of consecutive neurons then
             # hold neurons of similar importance, and the first groups the most important ones.
             sort_ffn_by_importance(model, self.splits.train, batch_size=self.cfg.train.batch_size, task=self.task)
-        save_model(model, self._ckpt(seed, "dense"), method="dense", seed=seed, steps=log.steps)
+        save_model(model, self._ckpt(seed, "dense"), artifacts_dir=self.out, method="dense", seed=seed, steps=log.steps)
         return {
             "rows": [self._dense_row("dense", model, seed, log.steps)], "steps_run": log.steps_run, "val_history": log.val_history,
             "loss_curve": log.loss_curve(),
@@ -564,7 +569,7 @@ class Experiment:
             task=self.task, val=self.splits.val, val_budgets=self.cfg.budgets,
         )
         steps = int(description["steps"]) + log.steps
-        save_model(model, self._ckpt(seed, name), method=name, seed=seed, steps=steps)
+        save_model(model, self._ckpt(seed, name), artifacts_dir=self.out, method=name, seed=seed, steps=steps)
         return {"rows": self._soft_rows(name, model, seed, steps, self.cfg.budgets), **_stopping(log)}
 
     def _scratch(self, seed: int) -> dict[str, Any]:
@@ -591,7 +596,7 @@ class Experiment:
             val=self.splits.val, val_budgets=self.cfg.budgets,
         )
         steps = int(description["steps"]) + log.steps
-        save_model(model, self._ckpt(seed, name), method=name, seed=seed, steps=steps, ranking=ranking.to_dict())
+        save_model(model, self._ckpt(seed, name), artifacts_dir=self.out, method=name, seed=seed, steps=steps, ranking=ranking.to_dict())
         rows = self._hard_rows(name, model, seed, steps, kept)
         for row in rows:
             row.accuracy_before_adaptation = before[row.budget].accuracy
@@ -633,7 +638,7 @@ class Experiment:
             task=self.task, val=self.splits.val, val_budgets=[budget],
         )
         hard_rows = self._hard_rows("static", model, seed, soft_steps + hard_log.steps, {budget: ranking.kept(budget)})
-        save_model(model, self._ckpt(seed, f"static-b{budget}"), method="static", seed=seed, steps=soft_steps + hard_log.steps, ranking=ranking.to_dict())
+        save_model(model, self._ckpt(seed, f"static-b{budget}"), artifacts_dir=self.out, method="static", seed=seed, steps=soft_steps + hard_log.steps, ranking=ranking.to_dict())
         stopping = {f"{stage}_{key}": value for stage, stage_log in (("soft", log), ("hard", hard_log)) for key, value in _stopping(stage_log).items()}
         return {"rows": rows + hard_rows, **stopping}
 
@@ -713,7 +718,7 @@ class Experiment:
             model, self.splits.train, self.cfg.train, seed=seed, progress=self.progress, val=self.splits.val, steps=steps,
             desc=f"ladder {index}", task=self.task,
         )
-        save_model(model, self._ckpt(seed, f"ladder-{index}"), method="ladder", seed=seed, steps=log.steps)
+        save_model(model, self._ckpt(seed, f"ladder-{index}"), artifacts_dir=self.out, method="ladder", seed=seed, steps=log.steps)
         fraction = self._ladder_fraction(big, model)
         row = ResultRow(
             method="ladder", budget=round(min(1.0, fraction), 3), seed=seed, **self._metrics(model),
@@ -758,7 +763,7 @@ class Experiment:
         if model.router.by_difficulty:  # how unequal the allocation is, chosen per budget on validation
             spread = choose_spread(model, self.splits.val, [b for b in budgets if b is not None], task=self.task, batch_size=self.eval_batch)
             calibration = {b: model.router.calibration[b] for b in calibration}
-        save_model(model, self._ckpt(seed, method), method=method, seed=seed, steps=steps)
+        save_model(model, self._ckpt(seed, method), artifacts_dir=self.out, method=method, seed=seed, steps=steps)
         cost = model.cost_model(self._bench_seq())
         rows, profiles, as_trained = [], {}, {}
         for b in budgets:
