@@ -109,3 +109,21 @@ def as_unit_gates(gates: torch.Tensor | UnitGates | None) -> UnitGates | None:
     if gates is None or isinstance(gates, UnitGates):
         return gates
     return UnitGates(gates, None)
+
+
+def identity_head_ids(n_layers: int, n_heads: int) -> list[list[int]]:
+    """``[[0, 1, ..., n_heads - 1]] * n_layers``: the unpruned, unsorted layout."""
+    return [list(range(n_heads)) for _ in range(n_layers)]
+
+
+def validate_head_ids(head_ids: list[list[int]], n_layers: int, n_heads: int) -> list[list[int]]:
+    """Check a per-layer list of distinct original head indices; returns it as plain ints."""
+    if not isinstance(head_ids, (list, tuple)) or len(head_ids) != n_layers:
+        raise ValueError(f"head_ids must list {n_layers} layers, got {head_ids!r}")
+    result = []
+    for layer, heads in enumerate(head_ids):
+        ints = [int(h) for h in heads]
+        if len(set(ints)) != len(ints) or any(not 0 <= h < n_heads for h in ints):
+            raise ValueError(f"head_ids of layer {layer} must be distinct indices in [0, {n_heads}), got {heads!r}")
+        result.append(ints)
+    return result
