@@ -107,11 +107,16 @@ def _tokenizer(folder, texts, permute=False):
     path = folder / "tokenizer.json"
     build_tokenizer(texts, max_len=8, min_frequency=1, max_vocab=100).save(str(path))
     if permute:
-        data = json.loads(path.read_text())
-        vocab = data["model"]["vocab"]
-        data["model"]["vocab"] = {token: len(vocab) - 1 - index for token, index in vocab.items()}
-        path.write_text(json.dumps(data))
+        _reorder_vocabulary(path)
     return path
+
+
+def _reorder_vocabulary(path):
+    """Reverse the ids of a word-level ``tokenizer.json`` in place (same words and size, other digest)."""
+    data = json.loads(path.read_text())
+    vocab = data["model"]["vocab"]
+    data["model"]["vocab"] = {token: len(vocab) - 1 - index for token, index in vocab.items()}
+    path.write_text(json.dumps(data))
 
 
 def test_checkpoint_records_its_tokenizer_and_labels_and_refuses_others(tiny_model, tmp_path):
@@ -167,10 +172,7 @@ def test_bench_and_export_refuse_another_runs_tokenizer_with_one_line(tiny_run, 
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
-    data = json.loads((run / "tokenizer.json").read_text())
-    vocab = data["model"]["vocab"]
-    data["model"]["vocab"] = {token: len(vocab) - 1 - index for token, index in vocab.items()}  # reordered
-    (run / "tokenizer.json").write_text(json.dumps(data))
+    _reorder_vocabulary(run / "tokenizer.json")
     bench = (run / "bench.json").read_bytes()
     fast = ["--budgets", "0.5", "--batch-sizes", "1", "--seq-lens", "8", "--rounds", "1", "--min-run-time", "0.001", "--no-progress"]
     code = main([command, str(run), *(fast if command == "bench" else ["--budget", "0.5"])])

@@ -136,3 +136,82 @@ def test_cli_merge_errors_are_one_line(parts, tmp_path, capsys):
     code = main(["merge", str(parts[0]), str(parts[0]), "--out", str(tmp_path / "x"), "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("baa: error:") and "seed 0" in err[0]
+
+
+def _copy(part, where):
+    import shutil
+
+    shutil.copytree(part, where)
+    return where
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_an_edited_config_yaml_is_refused_naming_the_part_and_both_digests(parts, tmp_path):
+    import yaml
+
+    edited = _copy(parts[1], tmp_path / "edited")
+    config = yaml.safe_load((edited / "config.yaml").read_text())
+    config["train"]["lr"] = 0.01  # the parts trained at another lr; config.sha256 still says so
+    (edited / "config.yaml").write_text(yaml.safe_dump(config))
+    stamped = (edited / "config.sha256").read_text().strip()
+    with pytest.raises(ConfigError, match=f"'{edited}/config.yaml' is not the config its run was made with: its digest is [0-9a-f]{{64}}, '{edited}/config.sha256' says {stamped}"):
+        _merge([parts[0], edited], tmp_path / "out")
+    (edited / "config.sha256").unlink()
+    with pytest.raises(ConfigError, match="config.sha256 is missing"):
+        _merge([parts[0], edited], tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_links_out_of_a_part_are_refused_before_copying_and_links_inside_stay_links(parts, tmp_path, capsys):
+    looped = _copy(parts[1], tmp_path / "looped")
+    (looped / "checkpoints" / "seed1" / "up").symlink_to("../..")  # a loop out of the part
+    code = main(["merge", str(parts[0]), str(looped), "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and len(err[0]) < 400, err
+    assert f"'{looped}/checkpoints/seed1/up' is a symbolic link to '../..', outside '{looped / 'checkpoints' / 'seed1'}'" in err[0]
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))  # nothing copied
+
+    (looped / "checkpoints" / "seed1" / "up").unlink()
+    (looped / "units" / "seed1").rename(tmp_path / "elsewhere")
+    (looped / "units" / "seed1").symlink_to(tmp_path / "elsewhere")  # a seed folder kept outside the part
+    with pytest.raises(ConfigError, match=f"'{looped}/units/seed1' is a symbolic link to '{tmp_path / 'elsewhere'}', outside '{looped}'"):
+        _merge([parts[0], looped], tmp_path / "out")
+    (looped / "units" / "seed1").unlink()
+    (tmp_path / "elsewhere").rename(looped / "units" / "seed1")
+    (looped / "checkpoints" / "seed1" / "alias.json").symlink_to("budgeted-hard.json")  # within the part
+    (looped / "units" / "seed1" / ".dense.json.p1.abcd_123.tmp").write_text("")  # an interrupted write's
+    out = tmp_path / "out"
+    _merge([parts[0], looped], out)
+    alias = out / "checkpoints" / "seed1" / "alias.json"
+    assert alias.is_symlink() and str(alias.readlink()) == "budgeted-hard.json"
+    assert not list(out.rglob("*.tmp")) and not list(out.rglob(".lock"))  # neither is an artifact
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_staging_copies_of_killed_merges_are_removed_and_live_ones_kept(parts, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".earlier.merging-p{dead.pid}-abcd_123"  # a merge SIGKILLed mid-copy
+    (stale / "units").mkdir(parents=True)
+    live = tmp_path / f".other.merging-p{os.getpid()}-abcd_123"  # a merge still running
+    live.mkdir()
+    messages = []
+    run_merged(list(parts), tmp_path / "out", progress=False, log=messages.append)
+    assert not stale.exists() and live.is_dir()
+    assert any(str(stale) in m and "killed" in m for m in messages)
+    assert not list(tmp_path.glob(".out.*"))  # its own staging copy went with the rename
+
+
+@pytest.mark.filterwarnings("ignore:skipped")
+def test_a_part_being_written_is_refused(parts, tmp_path):
+    from budgeted_attention.runlock import RunDirLock
+
+    with RunDirLock(parts[1]):
+        with pytest.raises(ConfigError, match=f"'{parts[1]}' is being written by PID {__import__('os').getpid()}"):
+            _merge(list(parts), tmp_path / "out")
+    assert not (parts[1] / ".lock").exists()

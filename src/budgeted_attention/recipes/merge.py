@@ -19,9 +19,9 @@ seeds' units first); each part reproduces from its own command, which the merged
 
 What a merge checks and cleans: every part's ``config.sha256`` must be the digest of its
 ``config.yaml`` (an edited config is refused); a part another process is writing is refused; no
-symbolic link that leads out of a part is followed (one is refused before anything is copied;
-links within a part are copied as links); each part's ``.lock`` and leftover ``*.tmp`` files are
-not copied. The staging copy ``.OUT.merging-p<PID>-XXXXXXXX`` beside ``--out`` holds the run lock
+symbolic link is followed (one leading out of the seed folder copied is refused before anything
+is copied; links within it are copied as links); each part's ``.lock`` and leftover ``*.tmp``
+files are not copied. The staging copy ``.OUT.merging-p<PID>-XXXXXXXX`` beside ``--out`` holds the run lock
 while it is built and is removed in ``finally``; staging copies of killed merges (their PID no
 longer runs on this host, their lock is free) are removed by the next merge into that folder.
 """
@@ -93,22 +93,26 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def _check_links(part: Path, seeds: list[int]) -> None:
-    """Refuse a symbolic link among what is copied from ``part`` that leads out of it (a link
-    loop such as ``up -> ../..`` included), before anything is copied."""
-    root = Path(os.path.realpath(part))
-    tops = [part / folder / f"seed{seed}" for seed in seeds for folder in ("units", "checkpoints")]
-    tops += [part / name for name in SHARED_FILES]
-    for top in tops:
-        candidates = [top, top.parent]
-        if top.is_dir() and not top.is_symlink():
-            for folder, dirs, files in os.walk(top, followlinks=False):
-                candidates += [Path(folder) / name for name in dirs + files]
-        for path in candidates:
-            if path.is_symlink() and not _inside(Path(os.path.realpath(path)), root):
-                raise ConfigError(
-                    f"'{path}' is a symbolic link to '{os.readlink(path)}', outside the part '{part}': "
-                    "a merge copies only what lies inside its parts"
-                )
+    """Refuse, before anything is copied, a symbolic link among what is copied from ``part`` that
+    leads out of the folder copied (a seed's ``units``/``checkpoints`` folder; the part for its
+    shared files), a link loop such as ``up -> ../..`` included: the copy keeps links as links,
+    and one pointing elsewhere would tie the merged run to files it does not hold."""
+    part_root = Path(os.path.realpath(part))
+    checks: list[tuple[Path, Path, Path]] = [(part / name, part_root, part) for name in SHARED_FILES]  # (link?, root, root as named)
+    for seed in seeds:
+        for folder in ("units", "checkpoints"):
+            top = part / folder / f"seed{seed}"
+            checks += [(top.parent, part_root, part), (top, part_root, part)]
+            if top.is_dir() and not top.is_symlink():
+                root = Path(os.path.realpath(top))
+                for where, dirs, files in os.walk(top, followlinks=False):
+                    checks += [(Path(where) / name, root, top) for name in dirs + files]
+    for path, root, shown in checks:
+        if path.is_symlink() and not _inside(Path(os.path.realpath(path)), root):
+            raise ConfigError(
+                f"'{path}' is a symbolic link to '{os.readlink(path)}', outside '{shown}': "
+                "a merge copies only what lies inside its parts' seed folders"
+            )
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
