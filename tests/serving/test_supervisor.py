@@ -285,3 +285,23 @@ def test_with_two_workers_a_killed_engine_comes_back(tiny_run):
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == 0
+
+
+def test_another_runs_tokenizer_stops_the_server_with_exit_2(tiny_run, tmp_path):
+    import shutil  # noqa: PLC0415
+
+    from budgeted_attention.errors import CheckpointError  # noqa: PLC0415
+    from budgeted_attention.serving.engine import Engine  # noqa: PLC0415
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    tokenizer = run / "tokenizer.json"
+    data = json.loads(tokenizer.read_text())
+    vocab = data["model"]["vocab"]
+    data["model"]["vocab"] = {token: len(vocab) - 1 - index for token, index in vocab.items()}  # same words, reordered
+    tokenizer.write_text(json.dumps(data))
+    done = subprocess.run(serve_command(run, free_port()), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert f"'{tokenizer}' is not the tokenizer" in done.stderr and "budgeted-hard.json" in done.stderr
+    with pytest.raises(CheckpointError, match="is not the tokenizer"):  # the engine checks too (what the child loads)
+        Engine(run, ServeConfig(budgets=[1.0], min_budget=1.0, **FAST))

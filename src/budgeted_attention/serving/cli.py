@@ -76,8 +76,8 @@ def api_key_from(args: argparse.Namespace) -> str | None:
 def preflight(run_dir: str, cfg: ServeConfig, seed: int | None, onnx_dir: str | None) -> None:
     """Fail before the server starts (one line, exit 2) on what would only fail in the background
     loader: no run directory, no budgeted-hard checkpoint or ranking, weights that fail their hash,
-    no tokenizer, missing graphs."""
-    from budgeted_attention.checkpoint import checkpoint_paths, parse_ranking, read_description  # noqa: PLC0415 - torch
+    no tokenizer or another run's tokenizer or labels, missing graphs."""
+    from budgeted_attention.checkpoint import checkpoint_paths, parse_ranking, read_description, verify_artifacts  # noqa: PLC0415 - torch
     from budgeted_attention.export.onnx import graph_path  # noqa: PLC0415 - onnx is optional
     from budgeted_attention.io import sha256_file  # noqa: PLC0415 - with the checkpoint imports
     from budgeted_attention.recipes.bench import find_hard_checkpoint  # noqa: PLC0415 - torch
@@ -95,6 +95,7 @@ def preflight(run_dir: str, cfg: ServeConfig, seed: int | None, onnx_dir: str | 
     folder = Path(run_dir) if Path(run_dir).is_dir() else checkpoint.parent
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"no tokenizer.json in '{folder}' (baa serve needs the run's tokenizer)")
+    verify_artifacts(checkpoint, description, folder)
     if cfg.min_accuracy > 0:
         from budgeted_attention.serving.engine import floor_budget, validation_accuracy  # noqa: PLC0415
 

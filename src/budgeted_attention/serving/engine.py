@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description
+from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description, verify_artifacts
 from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.pruning.selection import Ranking, UnitRanking
 from budgeted_attention.pruning.switching import SlicedModel
@@ -224,6 +224,7 @@ class Engine(EngineInfo):
         self.ranking = load_ranking(checkpoint, description, model)
         self.family = model.family
         self.max_len = int(model.max_len)
+        verify_artifacts(checkpoint, description, self.folder(), model)  # another run's tokenizer would be served silently
         self.tokenizer, self.pad_id = load_tokenizer(self.folder(), self.max_len)
         self.n_classes = int(self._n_classes(model))
         self.labels = run_labels(self.folder(), self.n_classes)
