@@ -23,7 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from budgeted_attention.benchmark.allocator import keep_freed_memory
-from budgeted_attention.benchmark.inputs import ordinary_low_id, random_ids
+from budgeted_attention.benchmark.inputs import random_ids
 from budgeted_attention.benchmark.runner import as_kept
 from budgeted_attention.checkpoint import load_model, load_ranking
 from budgeted_attention.recipes.bench import find_hard_checkpoint
@@ -71,7 +71,7 @@ def main() -> None:
     pruned = model.pruned_copy(kept.heads, kept.groups).eval()
     dense_lean, pruned_lean = model.inference_module(), pruned.inference_module()
     vocab = model.input_embedding().num_embeddings
-    ids = random_ids(vocab, args.batch_size, args.seq_len, low=ordinary_low_id(model.family, vocab))
+    ids = random_ids(vocab, args.batch_size, args.seq_len, low=model.first_ordinary_id())
     mask = torch.ones_like(ids)
     dense_ops = profile_ops(dense_lean, ids, mask, args.iterations)
     pruned_ops = profile_ops(pruned_lean, ids, mask, args.iterations)

@@ -143,3 +143,40 @@ def test_length_profile_from_split_and_validation():
     assert LengthProfile("tensor ints", list(torch.tensor([3, 5]))).lengths == [3, 5]
     with pytest.raises(ValueError, match="lengths"):
         LengthProfile("empty", [])
+
+
+def _family_models():
+    """A tiny model of each family: (model, pad id, first ordinary id its vocabulary has)."""
+    from budgeted_attention.model.config import ModelConfig  # noqa: PLC0415
+    from budgeted_attention.model.decoder import CausalLM, DecoderConfig  # noqa: PLC0415
+    from budgeted_attention.model.transformer import EncoderClassifier  # noqa: PLC0415
+
+    models = [
+        (EncoderClassifier(ModelConfig(vocab_size=40, n_classes=2, max_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=16)), 0, 3),
+        (CausalLM(DecoderConfig(vocab_size=40, d_model=16, n_layers=1, n_heads=2, d_ff=0, max_len=8)), 0, 3),
+    ]
+    try:
+        from transformers import BertConfig, BertForSequenceClassification  # noqa: PLC0415
+
+        from budgeted_attention.hf.bert import GatedBertClassifier  # noqa: PLC0415
+    except ImportError:
+        return models
+    bert = BertForSequenceClassification(BertConfig(vocab_size=3000, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                                    intermediate_size=16, num_labels=2))
+    return [*models, (GatedBertClassifier(bert.eval()), 0, 1000)]
+
+
+def test_synthetic_inputs_never_draw_the_pad_or_special_ids_in_any_family():
+    # Regression: bench drew ids from 0 (the pad id) for our families while export and serving
+    # warm-up started at 3; now every synthetic input starts at the family's first ordinary id.
+    from budgeted_attention.benchmark.config import BenchConfig  # noqa: PLC0415
+    from budgeted_attention.benchmark.runner import _input_settings  # noqa: PLC0415
+
+    for model, pad_id, first in _family_models():
+        assert model.first_ordinary_id() == first, type(model).__name__
+        vocab = model.input_embedding().num_embeddings
+        cfg = BenchConfig(batch_sizes=[4], seq_lens=[8])
+        for _, _, _, batches in _input_settings(model, cfg, vocab, [3, 5, 8, 8], pad_id, None):
+            for ids, mask in batches:
+                real = ids if mask is None else ids[mask.bool()]
+                assert int(real.min()) >= first, type(model).__name__

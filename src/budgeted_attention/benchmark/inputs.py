@@ -48,13 +48,6 @@ def _check_lengths(lengths: list[int]) -> list[int]:
     return checked
 
 
-def ordinary_low_id(family: str, vocab_size: int) -> int:
-    """The first id of "ordinary word" tokens for synthetic inputs: BERT vocabularies keep their
-    first 1000 ids for special and unused tokens, ours the first 3 ([PAD], [UNK], [CLS]); capped
-    for tiny test vocabularies."""
-    return min(1000, vocab_size // 2) if family == "bert" else min(3, vocab_size - 1)
-
-
 def random_ids(vocab_size: int, batch: int, seq: int, *, seed: int = 0, low: int = 0) -> torch.Tensor:
     """(batch, seq) long ids drawn uniformly from ``[low, vocab_size)`` with a seeded generator.
 

@@ -65,8 +65,10 @@ def _key(budget: float, scope: str) -> str:
     return f"{scope}_{budget}"
 
 
-def _input_settings(model: GatedModel, cfg: BenchConfig, vocab_size: int, lengths: list[int] | None, pad_id: int, low: int):
-    """(label, batch, seq, list of (ids, mask)) per timed input shape."""
+def _input_settings(model: GatedModel, cfg: BenchConfig, vocab_size: int, lengths: list[int] | None, pad_id: int, low: int | None):
+    """(label, batch, seq, list of (ids, mask)) per timed input shape; ids from ``low`` (None: the
+    model's first ordinary token id, so no input draws the pad or another special id) up."""
+    low = min(model.first_ordinary_id() if low is None else low, vocab_size // 2)  # tiny test vocabularies: capped
     settings = []
     for batch in cfg.batch_sizes:
         for seq in cfg.seq_lens:
@@ -125,7 +127,7 @@ def bench_models(
     lengths: list[int] | None = None,
     vocab_size: int | None = None,
     pad_id: int = 0,
-    low_id: int = 0,
+    low_id: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Time the references, the gated model at b = 1, and one pruned model per budget.
@@ -140,7 +142,8 @@ def bench_models(
         ranking: when given (and ``cfg.include_sliced``), the sliced layout is timed too, plus
             the budget switch time.
         lengths: real token counts of a data set; adds padded batches sampled from them.
-        vocab_size, pad_id, low_id: id range of the random inputs.
+        vocab_size, pad_id, low_id: id range of the random inputs (``low_id`` None: the model's
+            :meth:`~budgeted_attention.model.family.GatedModel.first_ordinary_id`).
 
     Returns:
         ``{"rows", "gate_overhead", "switch"?, "setting"}``; each row has ``budget, input,
@@ -155,7 +158,6 @@ def bench_models(
     if lengths and max(lengths) > model.max_len:
         raise ValueError(f"the data's longest example ({max(lengths)} tokens) exceeds the model's max_len {model.max_len}")
     vocab = vocab_size or _vocab_size(model)
-    low_id = min(low_id, vocab // 2)  # tiny test vocabularies have no "ordinary word" id range
     device = _bench_device(cfg)
     plain = model.plain_reference().eval().to(device)
     references = {name: ref.eval().to(device) for name, ref in model.library_references().items()}
@@ -342,7 +344,7 @@ def bench_against_reference(
     lengths: list[int] | None = None,
     vocab_size: int | None = None,
     pad_id: int = 0,
-    low_id: int = 0,
+    low_id: int | None = None,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Time other models (e.g. separately trained smaller encoders) against ``model``'s plain dense
@@ -353,7 +355,6 @@ def bench_against_reference(
     """
     model = model.eval()
     vocab = vocab_size or _vocab_size(model)
-    low_id = min(low_id, vocab // 2)
     plain = model.plain_reference().eval()
     rows = []
     for label, batch, seq, batches in tqdm(_input_settings(model, cfg, vocab, lengths, pad_id, low_id), desc="bench", disable=not progress, leave=False):

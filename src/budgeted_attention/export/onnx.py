@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from budgeted_attention.benchmark.inputs import ordinary_low_id, random_ids
+from budgeted_attention.benchmark.inputs import random_ids
 from budgeted_attention.budget import validate_budget
 from budgeted_attention.errors import BAAError
 from budgeted_attention.io import atomic_path, write_json_atomic
@@ -56,7 +56,7 @@ class _Logits(nn.Module):
 def example_inputs(model: GatedModel, batch: int, seq: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Random token ids (batch, seq) and a mask whose last row is half padding."""
     vocab = model.input_embedding().num_embeddings
-    ids = random_ids(vocab, batch, seq, seed=seed, low=ordinary_low_id(model.family, vocab))
+    ids = random_ids(vocab, batch, seq, seed=seed, low=model.first_ordinary_id())
     mask = torch.ones(batch, seq, dtype=torch.long)
     if batch > 1:
         mask[-1, seq // 2 :] = 0

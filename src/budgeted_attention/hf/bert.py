@@ -269,6 +269,9 @@ class GatedBertIntermediate(nn.Module):
 
 
 class GatedBertClassifier(GatedModel):
+    # WordPiece vocabularies keep their first 1000 ids for [PAD], [unused*], [UNK], [CLS], [SEP], [MASK].
+    special_ids = 1000
+
     """A transformers sequence classifier of the BERT family with budget gates over its (layer, head) grid."""
 
     family = "bert"

@@ -298,6 +298,17 @@ class GatedModel(nn.Module):
         """Family hook: the token embedding table (the router pools it over the input)."""
         raise NotImplementedError
 
+    # Our tokenizers keep the first ids for their special tokens ([PAD], [UNK], [CLS] or <pad>,
+    # <eod>, <unk>); a family with another vocabulary layout overrides ``special_ids``.
+    special_ids = 3
+
+    def first_ordinary_id(self) -> int:
+        """The first id of an ordinary word token, the low end of every synthetic input (bench,
+        export, serving warm-up), so that none of them draws the pad or another special token;
+        capped for tiny test vocabularies."""
+        vocab = self.input_embedding().num_embeddings
+        return min(self.special_ids, max(0, vocab // 2))
+
     # ------------------------------------------------------------------ surgery and slicing
 
     @staticmethod

@@ -62,11 +62,10 @@ def run_bench(
     ranking = load_ranking(checkpoint, description, model)
     out_dir = checkpoint.parent.parent.parent if Path(run_dir).is_dir() else checkpoint.parent
     token_lengths = _run_lengths(out_dir) if lengths else None
-    low_id = 1000 if model.family == "bert" else 0
     pad_id = getattr(getattr(model, "config", None), "pad_id", 0)
     if model.family == "bert":
         pad_id = int(model.hf.config.pad_token_id or 0)
-    result = bench_ranking(model, ranking, cfg, lengths=token_lengths, pad_id=pad_id, low_id=low_id, progress=progress)
+    result = bench_ranking(model, ranking, cfg, lengths=token_lengths, pad_id=pad_id, progress=progress)
     result["checkpoint"] = str(checkpoint)
     json_file = Path(json_path) if json_path else out_dir / "bench.json"
     write_json_atomic(json_file, result)

@@ -610,7 +610,7 @@ class Experiment:
     def _bench_kwargs(self) -> dict[str, Any]:
         # Language-model blocks are all full length: their "real lengths" input is the random one.
         lengths = self.splits.train.lengths() if self.cfg.bench.lengths and self.cfg.task != "lm" else None
-        return {"lengths": lengths, "pad_id": self.splits.pad_id, "low_id": self.builder.bench_low_id(), "progress": self.progress}
+        return {"lengths": lengths, "pad_id": self.splits.pad_id, "progress": self.progress}
 
     def _bench(self, seed: int, variant: str = "") -> dict[str, Any]:
         name = f"budgeted-hard{variant}"

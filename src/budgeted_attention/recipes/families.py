@@ -53,9 +53,6 @@ class EncoderBuilder:
     def create(self) -> GatedModel:
         return EncoderClassifier(self.config)
 
-    def bench_low_id(self) -> int:
-        return 0
-
 
 class DecoderBuilder(EncoderBuilder):
     """The causal language model (:class:`CausalLM`) on the LM data's vocabulary."""
@@ -110,10 +107,6 @@ class PretrainedBuilder:
         from budgeted_attention.hf.bert import load_gated_bert  # noqa: PLC0415
 
         return load_gated_bert(self.path, self.num_labels, ffn_group_size=self.ffn_group_size)
-
-    def bench_low_id(self) -> int:
-        # Random ids above the special and unused tokens of WordPiece vocabularies.
-        return 1000
 
 
 def check_max_len(max_len: int, data_len: int, bench_seq_lens: list[int], what: str) -> None:

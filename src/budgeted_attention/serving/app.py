@@ -160,10 +160,10 @@ class ServerState:
 
 def calibrate_engine(engine: Any, cfg: ServeConfig, seq_len: int) -> LatencyModel:
     """Time every configured budget at the calibration batch sizes with synthetic texts of ``seq_len`` tokens."""
-    from budgeted_attention.benchmark.inputs import ordinary_low_id, random_ids  # noqa: PLC0415
+    from budgeted_attention.benchmark.inputs import random_ids  # noqa: PLC0415 - torch, in the loader thread only
 
     vocab = engine.tokenizer.get_vocab_size()
-    low = ordinary_low_id(engine.family, vocab)
+    low = min(engine.first_ordinary_id, vocab // 2)
     calls = iter(range(1 << 30))  # a new seed per call: every timed batch holds other ids
 
     def run_batch(budget: float, size: int) -> float:

@@ -151,6 +151,7 @@ class EngineInfo:
     runtime: str  # what runs the model: the module tree, a lean copy, or ONNX Runtime
     tokenizer: Tokenizer
     pad_id: int
+    first_ordinary_id: int  # the low end of synthetic warm-up ids (the model family's)
     in_child = False  # the model runs in a child process (RemoteEngine)
 
     def alive(self) -> bool:
@@ -185,7 +186,7 @@ class EngineInfo:
         return {
             "checkpoint": str(self.checkpoint), "seed": self.seed, "family": self.family, "max_len": self.max_len,
             "n_classes": self.n_classes, "labels": self.labels, "val_accuracy": self.val_accuracy, "costs": self.costs,
-            "runtime": self.runtime,
+            "runtime": self.runtime, "first_ordinary_id": self.first_ordinary_id,
         }
 
     def describe(self) -> dict[str, Any]:
@@ -223,6 +224,7 @@ class Engine(EngineInfo):
             raise CheckpointError(f"'{checkpoint}' is a {model.family!r} model; baa serve classifies texts (encoder or bert runs)")
         self.ranking = load_ranking(checkpoint, description, model)
         self.family = model.family
+        self.first_ordinary_id = model.first_ordinary_id()
         self.max_len = int(model.max_len)
         verify_artifacts(checkpoint, description, self.folder(), model)  # another run's tokenizer would be served silently
         self.tokenizer, self.pad_id = load_tokenizer(self.folder(), self.max_len)

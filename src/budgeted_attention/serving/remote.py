@@ -115,6 +115,7 @@ class RemoteEngine(EngineInfo):
         self.val_accuracy = {float(b): float(a) for b, a in payload["val_accuracy"].items()}
         self.costs = {float(b): float(c) for b, c in payload["costs"].items()}
         self.runtime = str(payload["runtime"])
+        self.first_ordinary_id = int(payload["first_ordinary_id"])
         self.tokenizer, self.pad_id = load_tokenizer(self.folder(), self.max_len)
 
     in_child = True
