@@ -1,0 +1,321 @@
+"""The run directory: the one owner of its file names, its layout and its checks.
+
+A run directory is the artifact format of the library: ``baa experiment`` / ``baa lm`` /
+``baa demo`` write it; ``baa report``, ``serve``, ``bench``, ``export`` and ``merge`` read it.
+Every path into one goes through :class:`RunDir`::
+
+    RUN/
+      config.yaml, config.sha256      resolved config and its digest (resume and merge check it)
+      run_info.json                   seeds, environment, every invocation with its commit
+      tokenizer.json, labels.json     text -> the model's ids; the class names of its logits
+      lengths.json                    token counts of the training split (bench --lengths, serve)
+      results.{json,csv,md}, summary.json, routed.{json,md}, *.png
+      bench.{json,md}, bench-<method>.{json,md}, routing_bench.{json,md}
+      serve_load.json, serve_soak.json (benchmarks/serve_*.py write them into their own --out)
+      units/seed<N>/<unit>.json       finished-unit records (what a resumed run skips)
+      checkpoints/seed<N>/<name>.{safetensors,json}
+      onnx/                           baa export's default output
+      .lock                           held while a process writes (:mod:`budgeted_attention.runlock`)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from budgeted_attention.errors import CheckpointError, ConfigError
+from budgeted_attention.io import environment_info, write_json_atomic, write_yaml_atomic
+from budgeted_attention.runlock import LOCK_NAME
+
+HARD = "budgeted-hard"  # the checkpoint serve, bench and export use by default
+
+_SEED_DIR = re.compile(r"^seed(?P<seed>-?\d+)$")
+
+
+class RunDirError(ConfigError):
+    """A folder is not the run directory a command needs (the message names it and what is missing)."""
+
+
+class RunDir:
+    """A run directory at ``path``: the path of each artifact, the lookups over seeds and
+    checkpoints, :meth:`create` (the pipeline's stamp) and :meth:`open` (the readers' check).
+
+    Constructing one checks nothing: writers build paths into a folder that may not exist yet.
+    """
+
+    CONFIG = "config.yaml"
+    CONFIG_DIGEST = "config.sha256"
+    RUN_INFO = "run_info.json"
+    TOKENIZER = "tokenizer.json"
+    LABELS = "labels.json"
+    LENGTHS = "lengths.json"
+    SUMMARY = "summary.json"
+    RESULTS_JSON, RESULTS_CSV, RESULTS_MD = "results.json", "results.csv", "results.md"
+    BENCH_JSON, BENCH_MD = "bench.json", "bench.md"
+    ROUTING_BENCH_JSON, ROUTING_BENCH_MD = "routing_bench.json", "routing_bench.md"
+    ROUTED_JSON, ROUTED_MD = "routed.json", "routed.md"
+    SERVE_LOAD = "serve_load.json"
+    SERVE_SOAK = "serve_soak.json"
+    UNITS = "units"
+    CHECKPOINTS = "checkpoints"
+    ONNX = "onnx"
+    LOCK = LOCK_NAME
+    # Written once per run from the data: identical in runs of one config (merge copies them once).
+    DATA_FILES = (TOKENIZER, LABELS, LENGTHS)
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir('{self.path}')"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunDir) and other.path == self.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    # ------------------------------------------------------------------ files at the top
+
+    @property
+    def config(self) -> Path:
+        """``config.yaml``: the resolved configuration."""
+        return self.path / self.CONFIG
+
+    @property
+    def config_digest(self) -> Path:
+        """``config.sha256``: the digest of the configuration the units were computed under."""
+        return self.path / self.CONFIG_DIGEST
+
+    @property
+    def run_info(self) -> Path:
+        """``run_info.json``: seeds, environment and invocations."""
+        return self.path / self.RUN_INFO
+
+    @property
+    def tokenizer(self) -> Path:
+        """``tokenizer.json``: the run's tokenizer."""
+        return self.path / self.TOKENIZER
+
+    @property
+    def labels(self) -> Path:
+        """``labels.json``: ``{"class_names": [...]}``."""
+        return self.path / self.LABELS
+
+    @property
+    def lengths(self) -> Path:
+        """``lengths.json``: ``{"split": "train", "lengths": [...]}``."""
+        return self.path / self.LENGTHS
+
+    @property
+    def summary(self) -> Path:
+        """``summary.json``: the headline figures."""
+        return self.path / self.SUMMARY
+
+    @property
+    def results_json(self) -> Path:
+        """``results.json``: ``{"rows": [...]}``."""
+        return self.path / self.RESULTS_JSON
+
+    @property
+    def results_csv(self) -> Path:
+        """``results.csv``: the rows as CSV."""
+        return self.path / self.RESULTS_CSV
+
+    @property
+    def results_md(self) -> Path:
+        """``results.md``: the rows as a Markdown document."""
+        return self.path / self.RESULTS_MD
+
+    @property
+    def bench_json(self) -> Path:
+        """``bench.json``: the budgeted-hard model's benchmark (``baa bench``'s default output)."""
+        return self.path / self.BENCH_JSON
+
+    @property
+    def bench_md(self) -> Path:
+        """``bench.md``: :attr:`bench_json` as Markdown."""
+        return self.path / self.BENCH_MD
+
+    @property
+    def routing_bench_json(self) -> Path:
+        """``routing_bench.json``: ``baa bench-routing``'s result."""
+        return self.path / self.ROUTING_BENCH_JSON
+
+    @property
+    def routing_bench_md(self) -> Path:
+        """``routing_bench.md``: :attr:`routing_bench_json` as Markdown."""
+        return self.path / self.ROUTING_BENCH_MD
+
+    @property
+    def routed_json(self) -> Path:
+        """``routed.json``: per-input routing speed, calibration and heads by difficulty."""
+        return self.path / self.ROUTED_JSON
+
+    @property
+    def routed_md(self) -> Path:
+        """``routed.md``: :attr:`routed_json` as Markdown."""
+        return self.path / self.ROUTED_MD
+
+    @property
+    def serve_load(self) -> Path:
+        """``serve_load.json``: a load test of ``baa serve`` (benchmarks/serve_load.py)."""
+        return self.path / self.SERVE_LOAD
+
+    @property
+    def serve_soak(self) -> Path:
+        """``serve_soak.json``: a fault and hostile-client test of ``baa serve`` (benchmarks/serve_soak.py)."""
+        return self.path / self.SERVE_SOAK
+
+    @property
+    def onnx_dir(self) -> Path:
+        """``onnx/``: where ``baa export`` writes its graphs by default (and serve looks for them)."""
+        return self.path / self.ONNX
+
+    @property
+    def lock(self) -> Path:
+        """``.lock``: the writer's advisory lock (:mod:`budgeted_attention.runlock`)."""
+        return self.path / self.LOCK
+
+    def benches(self) -> list[Path]:
+        """Every ``bench*.json`` (``bench.json`` and ``bench-<method>.json``), sorted."""
+        return sorted(self.path.glob("bench*.json"))
+
+    def figures(self) -> list[Path]:
+        """Every figure (``*.png``) at the top of the run directory, sorted."""
+        return sorted(self.path.glob("*.png"))
+
+    # ------------------------------------------------------------------ per seed
+
+    @property
+    def units_dir(self) -> Path:
+        """``units/``: the finished-unit records of every seed."""
+        return self.path / self.UNITS
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        """``checkpoints/``: the checkpoints of every seed."""
+        return self.path / self.CHECKPOINTS
+
+    def unit_dir(self, seed: int) -> Path:
+        """``units/seed<seed>/``."""
+        return self.units_dir / f"seed{seed}"
+
+    def checkpoint_dir(self, seed: int) -> Path:
+        """``checkpoints/seed<seed>/``."""
+        return self.checkpoints_dir / f"seed{seed}"
+
+    def seed_dirs(self, seed: int) -> tuple[Path, Path]:
+        """(``units/seed<seed>``, ``checkpoints/seed<seed>``): everything one seed computed."""
+        return self.unit_dir(seed), self.checkpoint_dir(seed)
+
+    def unit(self, seed: int, name: str) -> Path:
+        """``units/seed<seed>/<name>.json``: the record of a finished unit."""
+        return self.unit_dir(seed) / f"{name}.json"
+
+    def unit_records(self) -> list[Path]:
+        """Every finished-unit record (``units/*/*.json``), sorted."""
+        return sorted(self.units_dir.glob("*/*.json"))
+
+    def checkpoint(self, seed: int, name: str) -> Path:
+        """``checkpoints/seed<seed>/<name>``: a checkpoint's base path (``.safetensors`` and ``.json`` beside)."""
+        return self.checkpoint_dir(seed) / name
+
+    def checkpoint_description(self, seed: int, name: str) -> Path:
+        """``checkpoints/seed<seed>/<name>.json``: a checkpoint's description."""
+        return self.checkpoint_dir(seed) / f"{name}.json"
+
+    def seeds(self) -> list[int]:
+        """The seeds with a ``units/seed<N>`` or ``checkpoints/seed<N>`` folder, sorted."""
+        found = set()
+        for folder in (self.units_dir, self.checkpoints_dir):
+            if folder.is_dir():
+                found |= {int(m["seed"]) for entry in folder.iterdir() if entry.is_dir() and (m := _SEED_DIR.match(entry.name))}
+        return sorted(found)
+
+    def find_checkpoint(self, seed: int | None = None, name: str = HARD, command: str = "baa demo") -> Path:
+        """The description of checkpoint ``name`` of the first seed that has one (or of ``seed``).
+
+        Raises:
+            CheckpointError: there is none; the message suggests ``command --out RUN``.
+        """
+        candidates = sorted(self.checkpoints_dir.glob(f"seed*/{name}.json"))
+        if seed is not None:
+            candidates = [c for c in candidates if c.parent.name == f"seed{seed}"]
+        if not candidates:
+            which = f" for seed {seed}" if seed is not None else ""
+            raise CheckpointError(
+                f"no {name} checkpoint{which} in '{self.checkpoints_dir}' (run '{command} --out {self.path}' first)"
+            )
+        return candidates[0]
+
+    # ------------------------------------------------------------------ making and opening
+
+    @classmethod
+    def create(cls, path: str | Path, resolved_config: dict[str, Any], seeds: list[int]) -> RunDir:
+        """Create the folder and record ``config.yaml`` and ``run_info.json`` (seeds, versions, commands).
+
+        A resumed run keeps its earlier invocations and appends the new one (command, start time,
+        commit and dirty flag) to ``invocations``; ``environment`` is the latest invocation's.
+        """
+        run = cls(path)
+        run.path.mkdir(parents=True, exist_ok=True)
+        write_yaml_atomic(run.config, resolved_config)
+        environment = environment_info()
+        # Each invocation's own commit: a resumed run's units may come from different code.
+        invocation = {
+            "command": sys.argv, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "commit": environment.get("commit"), "dirty": environment.get("dirty"),
+        }
+        previous: list[dict[str, Any]] = []
+        if run.run_info.exists():
+            try:
+                previous = json.loads(run.run_info.read_text()).get("invocations", [])
+            except (json.JSONDecodeError, AttributeError):
+                previous = []
+        write_json_atomic(
+            run.run_info,
+            {"seeds": seeds, "environment": environment, "invocations": [*previous, invocation]},
+        )
+        return run
+
+    @classmethod
+    def open(cls, path: str | Path, *, require: tuple[str, ...] = (CONFIG,), hint: str = "") -> RunDir:
+        """The run directory at ``path``, checked to exist and to hold the files named in ``require``.
+
+        Raises:
+            RunDirError: one line naming the path and what is missing (``hint``, e.g. what to
+                run first, is appended in parentheses).
+        """
+        run = cls(path)
+        if not run.path.exists():
+            raise RunDirError(f"run directory not found: '{run.path}'")
+        if not run.path.is_dir():
+            raise RunDirError(f"not a run directory: '{run.path}' is a file")
+        missing = [name for name in require if not (run.path / name).is_file()]
+        if missing:
+            raise RunDirError(f"'{run.path}' is not a run directory: no {' or '.join(missing)}" + (f" ({hint})" if hint else ""))
+        return run
+
+    @classmethod
+    def of_checkpoint(cls, checkpoint: str | Path) -> RunDir:
+        """The run a checkpoint at ``RUN/checkpoints/seed<N>/NAME`` belongs to, else the checkpoint's own folder."""
+        folder = Path(checkpoint).parent
+        if folder.parent.name == cls.CHECKPOINTS:
+            return cls(folder.parent.parent)
+        return cls(folder)
+
+    @classmethod
+    def locate(cls, target: str | Path, seed: int | None = None, name: str = HARD, command: str = "baa demo") -> tuple[RunDir, Path]:
+        """(folder, checkpoint description) of what a command was pointed at: a run directory
+        (its :meth:`find_checkpoint`) or a checkpoint's ``.json`` (then the folder is the
+        checkpoint's own, where its tokenizer and outputs are looked for)."""
+        path = Path(target)
+        if path.suffix == ".json" and path.is_file():
+            return cls(path.parent), path
+        run = cls.open(path, require=())
+        return run, run.find_checkpoint(seed, name, command)
