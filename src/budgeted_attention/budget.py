@@ -6,6 +6,8 @@ import math
 import numbers
 from collections.abc import Iterable
 
+from budgeted_attention.errors import BudgetError
+
 
 def validate_budget(budget: object) -> float:
     """Return ``budget`` as a float if it is a finite number in (0, 1].
@@ -13,7 +15,7 @@ def validate_budget(budget: object) -> float:
     Accepts Python and NumPy ints and floats and one-element tensors; never a bool.
 
     Raises:
-        ValueError: naming the bad value, for non-numbers, NaN, infinities and values outside (0, 1].
+        BudgetError: (a ValueError) naming the bad value, for non-numbers, NaN, infinities and values outside (0, 1].
     """
     if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
         try:
@@ -23,10 +25,10 @@ def validate_budget(budget: object) -> float:
                 return validate_budget(float(budget.item()))
         except ImportError:  # pragma: no cover - torch is a hard dependency
             pass
-        raise ValueError(f"budget must be a finite number in (0, 1], got {budget!r}")
+        raise BudgetError(f"budget must be a finite number in (0, 1], got {budget!r}")
     value = float(budget)
     if not math.isfinite(value) or not 0.0 < value <= 1.0:
-        raise ValueError(f"budget must be a finite number in (0, 1], got {budget!r}")
+        raise BudgetError(f"budget must be a finite number in (0, 1], got {budget!r}")
     return value
 
 
@@ -41,11 +43,11 @@ def parse_budgets(text: str | Iterable[object]) -> list[float]:
             try:
                 items.append(float(part))
             except ValueError:
-                raise ValueError(f"budget must be a finite number in (0, 1], got {part!r}") from None
+                raise BudgetError(f"budget must be a finite number in (0, 1], got {part!r}") from None
     else:
         items = list(text)
     if not items:
-        raise ValueError(f"expected at least one budget, got {text!r}")
+        raise BudgetError(f"expected at least one budget, got {text!r}")
     return [validate_budget(item) for item in items]
 
 

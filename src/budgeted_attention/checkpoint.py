@@ -21,7 +21,6 @@ or a labels file with another number of classes, is refused for them too.
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -30,9 +29,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from budgeted_attention.errors import BAAError, CheckpointError
+from budgeted_attention.errors import BAAError, CheckpointError, ConfigError
 from budgeted_attention.io import atomic_path, sha256_file, write_json_atomic
 from budgeted_attention.model.family import GatedModel
+from budgeted_attention.model.registry import FAMILIES
 from budgeted_attention.model.router import RouterConfig
 
 FORMAT = "budgeted_attention/2"
@@ -42,24 +42,15 @@ FORMAT = "budgeted_attention/2"
 TOKENIZER_FILE = "tokenizer.json"
 LABELS_FILE = "labels.json"
 
-# family name -> "module:class"; imported lazily so optional dependencies stay optional.
-FAMILIES = {
-    "encoder": "budgeted_attention.model.transformer:EncoderClassifier",
-    "bert": "budgeted_attention.hf.bert:GatedBertClassifier",
-    "decoder": "budgeted_attention.model.decoder:CausalLM",
-}
-
 
 def family_class(name: str) -> type[GatedModel]:
-    """The model class of family ``name``."""
+    """The model class of family ``name`` (see :mod:`budgeted_attention.model.registry`)."""
     if name not in FAMILIES:
-        raise CheckpointError(f"unknown model family {name!r} (known: {', '.join(sorted(FAMILIES))})")
-    module_name, class_name = FAMILIES[name].split(":")
+        raise CheckpointError(f"unknown model family {name!r} (known: {', '.join(FAMILIES)})")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise CheckpointError(f"model family {name!r} needs an optional dependency: {exc}") from exc
-    return getattr(module, class_name)
+        return FAMILIES[name].load_class()
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def checkpoint_paths(path: str | Path) -> tuple[Path, Path]:
@@ -192,8 +183,14 @@ def verify_artifacts(checkpoint_path: str | Path, description: dict[str, Any], f
                 f"recorded {str(recorded['sha256'])[:16]}...): use that run's {LABELS_FILE}"
             )
         classes = _architecture_size(description, "n_classes")
-        if classes is not None and description.get("family") != "decoder" and count != classes:
+        if classes is not None and _classifies(description) and count != classes:
             raise CheckpointError(f"'{labels}' names {count} classes, '{meta_path}' has {classes} outputs: it is another model's labels file")
+
+
+def _classifies(description: dict[str, Any]) -> bool:
+    """True when the checkpoint's logits are classes (a language model's are its vocabulary)."""
+    family = FAMILIES.get(str(description.get("family")))
+    return family is None or family.capabilities.classify
 
 
 def read_description(path: str | Path) -> dict[str, Any]:

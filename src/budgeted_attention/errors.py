@@ -16,3 +16,7 @@ class DataError(BAAError):
 
 class CheckpointError(BAAError):
     """A checkpoint file is missing, truncated, corrupted or does not match its metadata."""
+
+
+class BudgetError(BAAError):
+    """A budget is not a finite number in (0, 1] (names the value)."""

@@ -26,6 +26,7 @@ from budgeted_attention.budget import validate_budget
 from budgeted_attention.errors import BAAError
 from budgeted_attention.io import atomic_path, write_json_atomic
 from budgeted_attention.model.family import GatedModel
+from budgeted_attention.model.registry import require
 from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import prune_to_budget
 
@@ -76,7 +77,9 @@ def make_session(path: str | Path, threads: int = 1):
 
 
 def export_model(model: GatedModel, path: str | Path, *, opset: int = OPSET) -> Path:
-    """Trace ``model`` (already pruned or sliced to one budget) to ``path`` atomically."""
+    """Trace ``model`` (already pruned or sliced to one budget) to ``path`` atomically; a family
+    without ONNX export (see the registry) is refused with one line."""
+    require(model.family, "onnx", "ONNX export")
     model = model.eval()
     seq = min(16, model.max_len)
     ids, mask = example_inputs(model, 2, seq)

@@ -12,10 +12,8 @@ from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.decoder import CausalLM, DecoderConfig
 from budgeted_attention.model.family import GatedModel
+from budgeted_attention.model.registry import get_family
 from budgeted_attention.model.transformer import EncoderClassifier
-
-FAMILY_NAMES = ("encoder", "bert", "decoder")
-
 
 @dataclass
 class PretrainedConfig:
@@ -36,9 +34,15 @@ class EncoderBuilder:
     """The project's own pre-LN encoder, trained from scratch on a word-level vocabulary."""
 
     def __init__(self, template: ModelConfig, ffn_group_size: int = 0) -> None:
+        if ffn_group_size and (template.d_ff == 0 or template.d_ff % ffn_group_size):
+            raise ConfigError(f"ffn_group_size ({ffn_group_size}) must divide model.d_ff ({template.d_ff}), which must be > 0")
         self.template = template
         self.ffn_group_size = ffn_group_size
         self.config: ModelConfig | None = None
+
+    @classmethod
+    def from_config(cls, model_template: ModelConfig, pretrained: PretrainedConfig, ffn_group_size: int) -> EncoderBuilder:
+        return cls(model_template, ffn_group_size)
 
     def pretrained_tokenizer(self):
         return None
@@ -87,6 +91,10 @@ class PretrainedBuilder:
         self.ffn_group_size = ffn_group_size
         self.num_labels = 0
 
+    @classmethod
+    def from_config(cls, model_template: ModelConfig, pretrained: PretrainedConfig, ffn_group_size: int) -> PretrainedBuilder:
+        return cls(pretrained, ffn_group_size)
+
     def pretrained_tokenizer(self):
         from transformers import AutoTokenizer  # noqa: PLC0415
 
@@ -119,11 +127,5 @@ def check_max_len(max_len: int, data_len: int, bench_seq_lens: list[int], what: 
 
 
 def make_builder(name: str, model_template: ModelConfig, pretrained: PretrainedConfig, ffn_group_size: int = 0):
-    """The builder of family ``name``; ``ffn_group_size`` > 0 puts the FFN under the budget."""
-    if name in ("encoder", "decoder"):
-        if ffn_group_size and (model_template.d_ff == 0 or model_template.d_ff % ffn_group_size):
-            raise ConfigError(f"ffn_group_size ({ffn_group_size}) must divide model.d_ff ({model_template.d_ff}), which must be > 0")
-        return (EncoderBuilder if name == "encoder" else DecoderBuilder)(model_template, ffn_group_size)
-    if name == "bert":
-        return PretrainedBuilder(pretrained, ffn_group_size)
-    raise ConfigError(f"model_family must be one of {', '.join(FAMILY_NAMES)}, got {name!r}")
+    """The builder of family ``name`` (from the registry); ``ffn_group_size`` > 0 puts the FFN under the budget."""
+    return get_family(name).load_builder().from_config(model_template, pretrained, ffn_group_size)

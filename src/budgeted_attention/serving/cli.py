@@ -17,6 +17,7 @@ from typing import Any
 
 from budgeted_attention.config import apply_overrides, from_dict, load_yaml
 from budgeted_attention.errors import CheckpointError, ConfigError
+from budgeted_attention.model.registry import families_with, get_family
 from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.http import ENV_LIMITS, GUARDED_HTTP, HeadLimits
 
@@ -90,8 +91,8 @@ def preflight(run_dir: str, cfg: ServeConfig, seed: int | None, onnx_dir: str | 
         raise CheckpointError(f"checkpoint weights not found: '{weights}'")
     if sha256_file(weights) != description.get("weights_sha256"):
         raise CheckpointError(f"'{weights}' does not match '{meta}' (SHA-256 differs: truncated, corrupted or from another checkpoint)")
-    if description.get("family") not in ("encoder", "bert"):
-        raise CheckpointError(f"'{checkpoint}' is a {description.get('family')!r} model; baa serve classifies texts (encoder or bert runs)")
+    if not get_family(description["family"]).supports("classify"):
+        raise CheckpointError(f"'{checkpoint}' is a {description['family']!r} model; baa serve classifies texts ({', '.join(families_with('classify'))} runs)")
     folder = Path(run_dir) if Path(run_dir).is_dir() else checkpoint.parent
     if not (folder / "tokenizer.json").is_file():
         raise CheckpointError(f"no tokenizer.json in '{folder}' (baa serve needs the run's tokenizer)")

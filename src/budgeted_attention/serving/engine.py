@@ -22,6 +22,7 @@ from tokenizers import Tokenizer
 
 from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description, verify_artifacts
 from budgeted_attention.errors import CheckpointError, ConfigError
+from budgeted_attention.model.registry import families_with, get_family
 from budgeted_attention.pruning.selection import Ranking, UnitRanking
 from budgeted_attention.pruning.switching import SlicedModel
 from budgeted_attention.recipes.bench import find_hard_checkpoint
@@ -220,8 +221,8 @@ class Engine(EngineInfo):
         self.checkpoint = checkpoint
         self.seed = int(description.get("seed", seed or 0))
         model, description = load_model(checkpoint)
-        if getattr(model, "family", "") not in ("encoder", "bert"):
-            raise CheckpointError(f"'{checkpoint}' is a {model.family!r} model; baa serve classifies texts (encoder or bert runs)")
+        if not get_family(model.family).supports("classify"):
+            raise CheckpointError(f"'{checkpoint}' is a {model.family!r} model; baa serve classifies texts ({', '.join(families_with('classify'))} runs)")
         self.ranking = load_ranking(checkpoint, description, model)
         self.family = model.family
         self.first_ordinary_id = model.first_ordinary_id()
