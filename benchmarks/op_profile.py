@@ -23,10 +23,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from budgeted_attention.benchmark.allocator import keep_freed_memory
-from budgeted_attention.benchmark.inputs import random_ids
 from budgeted_attention.benchmark.runner import as_kept
 from budgeted_attention.checkpoint import load_model, load_ranking
-from budgeted_attention.recipes.bench import find_hard_checkpoint
+from budgeted_attention.data.inputs import random_ids
+from budgeted_attention.rundir import RunDir
 
 # The kernels doing the work the cost model counts as FLOPs (self time; the wrappers that call them,
 # such as aten::linear or aten::scaled_dot_product_attention, are per-call cost and count as "everything else").
@@ -65,7 +65,7 @@ def main() -> None:
     torch.set_num_threads(1)
     allocator = keep_freed_memory()  # as the benchmarks time: no pass re-faults its activations' pages
 
-    checkpoint = find_hard_checkpoint(args.run_dir, args.seed, command="baa experiment")
+    _, checkpoint = RunDir.locate(args.run_dir, args.seed, command="baa experiment")
     model, description = load_model(checkpoint)
     kept = as_kept(load_ranking(checkpoint, description, model).kept(args.budget))
     pruned = model.pruned_copy(kept.heads, kept.groups).eval()

@@ -17,8 +17,8 @@ from tqdm.auto import tqdm
 
 from budgeted_attention.benchmark.allocator import keep_freed_memory
 from budgeted_attention.benchmark.config import BenchConfig
-from budgeted_attention.benchmark.inputs import length_batches, random_ids
 from budgeted_attention.benchmark.latency import cuda_graph, measure_interleaved, measure_interleaved_cuda, time_call
+from budgeted_attention.data.inputs import length_batches, random_ids
 from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.pruning.selection import KeptUnits, Ranking, UnitRanking

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from budgeted_attention.benchmark.inputs import random_ids
 from budgeted_attention.budget import validate_budget
+from budgeted_attention.data.inputs import random_ids
 from budgeted_attention.errors import BAAError
 from budgeted_attention.io import atomic_path, write_json_atomic
 from budgeted_attention.model.family import GatedModel

@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from budgeted_attention.rundir import RunDir
 from budgeted_attention.serving import http
 from budgeted_attention.serving.batcher import Batcher, DeadlineExpired, Overloaded
 from budgeted_attention.serving.config import ServeConfig
@@ -160,7 +161,7 @@ class ServerState:
 
 def calibrate_engine(engine: Any, cfg: ServeConfig, seq_len: int) -> LatencyModel:
     """Time every configured budget at the calibration batch sizes with synthetic texts of ``seq_len`` tokens."""
-    from budgeted_attention.benchmark.inputs import random_ids  # noqa: PLC0415 - torch, in the loader thread only
+    from budgeted_attention.data.inputs import random_ids  # noqa: PLC0415 - torch, in the loader thread only
 
     vocab = engine.tokenizer.get_vocab_size()
     low = min(engine.first_ordinary_id, vocab // 2)
@@ -193,7 +194,7 @@ def calibration_length(engine: Any, cfg: ServeConfig) -> int:
     if cfg.calibration_seq_len:
         return min(cfg.calibration_seq_len, engine.max_len)
     try:
-        lengths = sorted(json.loads((Path(engine.run_dir) / "lengths.json").read_text())["lengths"])
+        lengths = sorted(json.loads(RunDir(engine.run_dir).lengths.read_text())["lengths"])
         return min(int(lengths[len(lengths) // 2]), engine.max_len)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return min(64, engine.max_len)

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from budgeted_attention.benchmark.inputs import LengthProfile, length_batches, random_ids, split_lengths
 from budgeted_attention.data.dataset import Split
+from budgeted_attention.data.inputs import LengthProfile, length_batches, random_ids, split_lengths
 
 
 def _split(lengths: list[int], seq: int) -> Split:
