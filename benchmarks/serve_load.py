@@ -57,6 +57,7 @@ from budgeted_attention.data.text import TextDataConfig, split_examples
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
 from budgeted_attention.reporting.serve_load import serve_load_markdown
+from budgeted_attention.rundir import RunDir
 from budgeted_attention.serving.load import (
     ARRIVALS,
     BURST_OFF_S,
@@ -75,7 +76,7 @@ MODES = {"fixed-1": {"budget": 1.0}, "fixed-0.5": {"budget": 0.5}, "slo": {}}
 
 def test_examples(run_dir: Path) -> list[tuple[str, int]]:
     """The run's test split as (text, label), split exactly as the run split it."""
-    data = load_yaml(run_dir / "config.yaml")["data"]
+    data = load_yaml(RunDir(run_dir).config)["data"]
     cfg = from_dict(TextDataConfig, data, "data")
     _, _, test = split_examples(cfg, load_source(cfg))
     return [(e.text, e.label) for e in test]
@@ -388,11 +389,12 @@ def main() -> None:
     environment = environment_info()  # the code the servers start with, not the tree at the end
     result = asyncio.run(run(args))
     result["wall_time_s"] = time.time() - began
-    write_json_atomic(out / "serve_load.json", result)
-    write_json_atomic(out / "results.json", {"rows": [], "wall_time_s": result["wall_time_s"], "kind": "serve_load"})
-    write_json_atomic(out / "run_info.json", {"seeds": [args.seed], "environment": environment,
-                                              "invocations": [{"command": ["python", *sys.argv], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(began))}]})
-    write_text_atomic(out / "results.md", "# serve load test\n\n" + serve_load_markdown(result))
+    run = RunDir(out)
+    write_json_atomic(run.serve_load, result)
+    write_json_atomic(run.results_json, {"rows": [], "wall_time_s": result["wall_time_s"], "kind": "serve_load"})
+    write_json_atomic(run.run_info, {"seeds": [args.seed], "environment": environment,
+                                    "invocations": [{"command": ["python", *sys.argv], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(began))}]})
+    write_text_atomic(run.results_md, "# serve load test\n\n" + serve_load_markdown(result))
     plot(result, out / "slo.png")
     print(serve_load_markdown(result))
 

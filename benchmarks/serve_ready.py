@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
+from budgeted_attention.rundir import RunDir
 from serve_load import shut_down  # this script's directory is on sys.path when it runs
 
 POLL_S = 0.05
@@ -80,8 +81,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "ready.json", result)
-    write_json_atomic(out / "run_info.json", {"environment": environment, "invocations": [{"command": ["python", *sys.argv]}]})
-    write_text_atomic(out / "results.md", "# baa serve: start to ready\n\n" + markdown(result))
+    write_json_atomic(RunDir(out).run_info, {"environment": environment, "invocations": [{"command": ["python", *sys.argv]}]})
+    write_text_atomic(RunDir(out).results_md, "# baa serve: start to ready\n\n" + markdown(result))
     print(json.dumps(result))
     print(markdown(result))
 

@@ -48,6 +48,7 @@ from serve_load import rss_mib, test_examples  # noqa: E402 - the sibling benchm
 
 from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic  # noqa: E402
 from budgeted_attention.reporting.serve_soak import serve_soak_markdown  # noqa: E402
+from budgeted_attention.rundir import RunDir  # noqa: E402
 
 BEGIN, END = "<!-- serve_soak:begin -->", "<!-- serve_soak:end -->"
 
@@ -418,11 +419,12 @@ def main() -> None:
     }
     markdown = serve_soak_markdown(result)
     invocation = " ".join(["python", "benchmarks/serve_soak.py", *sys.argv[1:]])
-    write_json_atomic(out / "serve_soak.json", result)
-    write_json_atomic(out / "results.json", {"rows": [], "wall_time_s": result["wall_time_s"], "kind": "serve_soak"})
-    write_json_atomic(out / "run_info.json", {"seeds": [args.seed], "environment": environment,
-                                              "invocations": [{"command": ["python", "benchmarks/serve_soak.py", *sys.argv[1:]]}]})
-    write_text_atomic(out / "results.md", markdown)
+    run = RunDir(out)
+    write_json_atomic(run.serve_soak, result)
+    write_json_atomic(run.results_json, {"rows": [], "wall_time_s": result["wall_time_s"], "kind": "serve_soak"})
+    write_json_atomic(run.run_info, {"seeds": [args.seed], "environment": environment,
+                                    "invocations": [{"command": ["python", "benchmarks/serve_soak.py", *sys.argv[1:]]}]})
+    write_text_atomic(run.results_md, markdown)
     if args.docs:
         replace_block(Path(args.docs), markdown, invocation)
     print(markdown)

@@ -34,13 +34,9 @@ from budgeted_attention.io import atomic_path, sha256_file, write_json_atomic
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.registry import FAMILIES
 from budgeted_attention.model.router import RouterConfig
+from budgeted_attention.rundir import RunDir
 
 FORMAT = "budgeted_attention/2"
-
-# The files of a run directory a model is used with (tokenizer: the text -> ids of its embedding
-# rows; labels: the class names of its logits).
-TOKENIZER_FILE = "tokenizer.json"
-LABELS_FILE = "labels.json"
 
 
 def family_class(name: str) -> type[GatedModel]:
@@ -101,7 +97,7 @@ def _tokenizer_size(path: Path) -> int:
 
 
 def _label_count(path: Path) -> int:
-    """Class names in a run's ``labels.json``."""
+    """Class names in a run's labels file (:attr:`RunDir.labels`)."""
     try:
         names = json.loads(path.read_text(encoding="utf-8"))["class_names"]
         if not isinstance(names, list):
@@ -113,14 +109,13 @@ def _label_count(path: Path) -> int:
 
 def artifact_provenance(folder: str | Path) -> dict[str, Any]:
     """``{"tokenizer": {"file", "sha256", "vocab_size"}, "labels": {"file", "sha256", "n_labels"}}``
-    for the ``tokenizer.json`` / ``labels.json`` present in ``folder`` (a missing one is left out)."""
-    folder = Path(folder)
+    for the tokenizer and labels files present in the run directory ``folder`` (a missing one is left out)."""
+    run = RunDir(folder)
     found: dict[str, Any] = {}
-    tokenizer, labels = folder / TOKENIZER_FILE, folder / LABELS_FILE
-    if tokenizer.is_file():
-        found["tokenizer"] = {"file": TOKENIZER_FILE, "sha256": sha256_file(tokenizer), "vocab_size": _tokenizer_size(tokenizer)}
-    if labels.is_file():
-        found["labels"] = {"file": LABELS_FILE, "sha256": sha256_file(labels), "n_labels": _label_count(labels)}
+    if run.tokenizer.is_file():
+        found["tokenizer"] = {"file": RunDir.TOKENIZER, "sha256": sha256_file(run.tokenizer), "vocab_size": _tokenizer_size(run.tokenizer)}
+    if run.labels.is_file():
+        found["labels"] = {"file": RunDir.LABELS, "sha256": sha256_file(run.labels), "n_labels": _label_count(run.labels)}
     return found
 
 
@@ -136,16 +131,8 @@ def _architecture_size(description: dict[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def run_dir_of(checkpoint: str | Path) -> Path:
-    """The run directory of a checkpoint at ``RUN/checkpoints/seed<N>/NAME``, else the checkpoint's own folder."""
-    _, meta_path = checkpoint_paths(checkpoint)
-    if meta_path.parent.parent.name == "checkpoints":
-        return meta_path.parent.parent.parent
-    return meta_path.parent
-
-
 def verify_artifacts(checkpoint_path: str | Path, description: dict[str, Any], folder: str | Path, model: GatedModel | None = None) -> None:
-    """Refuse the ``tokenizer.json`` / ``labels.json`` of ``folder`` when they are not the files
+    """Refuse the tokenizer and labels files of the run directory ``folder`` when they are not the files
     the checkpoint at ``checkpoint_path`` (its ``description``, from :func:`read_description` or
     :func:`load_model`) was trained with.
 
@@ -156,8 +143,7 @@ def verify_artifacts(checkpoint_path: str | Path, description: dict[str, Any], f
     file absent from ``folder`` is not checked: the command that needs it says so.
     """
     _, meta_path = checkpoint_paths(checkpoint_path)
-    folder = Path(folder)
-    tokenizer = folder / TOKENIZER_FILE
+    tokenizer, labels = RunDir(folder).tokenizer, RunDir(folder).labels
     if tokenizer.is_file():
         recorded = description.get("tokenizer") if isinstance(description.get("tokenizer"), dict) else {}
         actual = sha256_file(tokenizer)
@@ -165,14 +151,13 @@ def verify_artifacts(checkpoint_path: str | Path, description: dict[str, Any], f
         if recorded.get("sha256") and actual != recorded["sha256"]:
             raise CheckpointError(
                 f"'{tokenizer}' is not the tokenizer '{meta_path}' was trained with (SHA-256 {actual[:16]}..., {size} tokens; "
-                f"recorded {str(recorded['sha256'])[:16]}..., {recorded.get('vocab_size', '?')} tokens): use that run's {TOKENIZER_FILE}"
+                f"recorded {str(recorded['sha256'])[:16]}..., {recorded.get('vocab_size', '?')} tokens): use that run's {RunDir.TOKENIZER}"
             )
         rows = model.input_embedding().num_embeddings if model is not None else _architecture_size(description, "vocab_size")
         if rows is not None and isinstance(size, int) and size > rows:
             raise CheckpointError(
                 f"'{tokenizer}' has {size} tokens, more than the {rows} embedding rows of '{meta_path}': it is another model's tokenizer"
             )
-    labels = folder / LABELS_FILE
     if labels.is_file():
         recorded = description.get("labels") if isinstance(description.get("labels"), dict) else {}
         actual = sha256_file(labels)
@@ -180,7 +165,7 @@ def verify_artifacts(checkpoint_path: str | Path, description: dict[str, Any], f
         if recorded.get("sha256") and actual != recorded["sha256"]:
             raise CheckpointError(
                 f"'{labels}' is not the labels file '{meta_path}' was trained with (SHA-256 {actual[:16]}..., "
-                f"recorded {str(recorded['sha256'])[:16]}...): use that run's {LABELS_FILE}"
+                f"recorded {str(recorded['sha256'])[:16]}...): use that run's {RunDir.LABELS}"
             )
         classes = _architecture_size(description, "n_classes")
         if classes is not None and _classifies(description) and count != classes:

@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from budgeted_attention import __version__
 from budgeted_attention.errors import BAAError, ConfigError
+from budgeted_attention.rundir import RunDir
 
 
 class _Parser(argparse.ArgumentParser):
@@ -128,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compile", action="store_true", help="torch.compile every timed model")
     bench.add_argument("--cuda-graphs", action="store_true", help="time CUDA-graph replays (--device cuda)")
     bench.add_argument("--onnx", action="store_true", help="also time ONNX Runtime graphs of the dense and pruned models (needs the serve extra)")
-    bench.add_argument("--json", help="write the JSON result here (default RUN_DIR/bench.json)")
+    bench.add_argument("--json", help=f"write the JSON result here (default RUN_DIR/{RunDir.BENCH_JSON})")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     routing = sub.add_parser("bench-routing", help="a Meta-Attention LM run: hard routing vs full attention at long sequences")
@@ -262,19 +263,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description, run_dir_of, verify_artifacts
+    from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description, verify_artifacts
     from budgeted_attention.export.onnx import export_budgets
-    from budgeted_attention.recipes.bench import find_hard_checkpoint
 
-    checkpoint = find_hard_checkpoint(args.run_dir, args.seed, command="baa experiment")
+    run, checkpoint = RunDir.locate(args.run_dir, args.seed, command="baa experiment")
     parse_ranking(checkpoint, read_description(checkpoint))
     model, description = load_model(checkpoint)
-    verify_artifacts(checkpoint, description, run_dir_of(checkpoint), model)  # the graphs are served with this run's tokenizer
+    verify_artifacts(checkpoint, description, RunDir.of_checkpoint(checkpoint).path, model)  # the graphs are served with this run's tokenizer
     ranking = load_ranking(checkpoint, description, model)
-    default_out = Path(args.run_dir) / "onnx" if Path(args.run_dir).is_dir() else checkpoint.parent / "onnx"
-    export_budgets(model, ranking, args.budgets or [0.25, 0.5, 0.75, 1.0], args.out or default_out, atol=args.atol)
+    export_budgets(model, ranking, args.budgets or [0.25, 0.5, 0.75, 1.0], args.out or run.onnx_dir, atol=args.atol)
     return 0
 
 
@@ -283,7 +280,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
     seeds = run_merged(args.parts, args.out, progress=not args.no_progress)
     print(f"merged {len(args.parts)} runs into {args.out} (seeds {', '.join(map(str, seeds))}); "
-          f"time them again, alone: baa experiment {args.out}/config.yaml --out {args.out} --retime")
+          f"time them again, alone: baa experiment {RunDir(args.out).config} --out {args.out} --retime")
     return 0
 
 

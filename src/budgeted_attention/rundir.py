@@ -296,10 +296,18 @@ class RunDir:
             raise RunDirError(f"run directory not found: '{run.path}'")
         if not run.path.is_dir():
             raise RunDirError(f"not a run directory: '{run.path}' is a file")
-        missing = [name for name in require if not (run.path / name).is_file()]
+        return run.check(*require, hint=hint)
+
+    def check(self, *names: str, hint: str = "") -> RunDir:
+        """This run directory, checked to hold the files ``names`` (e.g. :attr:`CONFIG_DIGEST`).
+
+        Raises:
+            RunDirError: one line naming the path and the missing files (and ``hint``).
+        """
+        missing = [name for name in names if not (self.path / name).is_file()]
         if missing:
-            raise RunDirError(f"'{run.path}' is not a run directory: no {' or '.join(missing)}" + (f" ({hint})" if hint else ""))
-        return run
+            raise RunDirError(f"'{self.path}' is not a run directory: no {' or '.join(missing)}" + (f" ({hint})" if hint else ""))
+        return self
 
     @classmethod
     def of_checkpoint(cls, checkpoint: str | Path) -> RunDir:

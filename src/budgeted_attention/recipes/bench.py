@@ -9,27 +9,11 @@ from typing import Any
 from budgeted_attention.benchmark.config import BenchConfig
 from budgeted_attention.benchmark.runner import bench_ranking
 from budgeted_attention.reporting.bench_table import bench_table
-from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description, run_dir_of, verify_artifacts
+from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description, verify_artifacts
 from budgeted_attention.errors import CheckpointError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
 from budgeted_attention.reporting.plots import plot_speedups
-
-
-def find_hard_checkpoint(run_dir: str | Path, seed: int | None, name: str = "budgeted-hard", command: str = "baa demo") -> Path:
-    """The ``name`` checkpoint (default budgeted-hard) of a run directory's first (or given) seed,
-    or the given checkpoint path; ``command`` is what the error suggests running."""
-    path = Path(run_dir)
-    if path.suffix == ".json" and path.is_file():
-        return path
-    if not path.is_dir():
-        raise CheckpointError(f"run directory not found: '{path}'")
-    candidates = sorted((path / "checkpoints").glob(f"seed*/{name}.json"))
-    if seed is not None:
-        candidates = [c for c in candidates if c.parent.name == f"seed{seed}"]
-    if not candidates:
-        which = f" for seed {seed}" if seed is not None else ""
-        raise CheckpointError(f"no {name} checkpoint{which} in '{path}/checkpoints' (run '{command} --out {path}' first)")
-    return candidates[0]
+from budgeted_attention.rundir import RunDir
 
 
 def run_bench(
@@ -52,22 +36,21 @@ def run_bench(
     log=print,
 ) -> dict[str, Any]:
     """Bench the budgeted-hard checkpoint of a run (any model family) and write JSON/MD/PNG."""
-    checkpoint = find_hard_checkpoint(run_dir, seed)
+    run, checkpoint = RunDir.locate(run_dir, seed)
     description = read_description(checkpoint)
     parse_ranking(checkpoint, description)  # a bad checkpoint fails before any model is built
-    verify_artifacts(checkpoint, description, run_dir_of(checkpoint))  # and so does another run's tokenizer or labels
+    verify_artifacts(checkpoint, description, RunDir.of_checkpoint(checkpoint).path)  # and so does another run's tokenizer or labels
     cfg = BenchConfig(budgets=budgets, batch_sizes=batch_sizes, seq_lens=seq_lens, threads=threads, rounds=rounds, min_run_time=min_run_time, lengths=lengths, onnx=onnx,
                       device=device, compile=compile, cuda_graphs=cuda_graphs)
     model, description = load_model(checkpoint)
     ranking = load_ranking(checkpoint, description, model)
-    out_dir = checkpoint.parent.parent.parent if Path(run_dir).is_dir() else checkpoint.parent
-    token_lengths = _run_lengths(out_dir) if lengths else None
+    token_lengths = _run_lengths(run) if lengths else None
     pad_id = getattr(getattr(model, "config", None), "pad_id", 0)
     if model.family == "bert":
         pad_id = int(model.hf.config.pad_token_id or 0)
     result = bench_ranking(model, ranking, cfg, lengths=token_lengths, pad_id=pad_id, progress=progress)
     result["checkpoint"] = str(checkpoint)
-    json_file = Path(json_path) if json_path else out_dir / "bench.json"
+    json_file = Path(json_path) if json_path else run.bench_json
     write_json_atomic(json_file, result)
     table = bench_table(result)
     write_text_atomic(json_file.with_suffix(".md"), f"# baa bench\n\nCheckpoint: `{checkpoint}`\n\n{table}")
@@ -77,13 +60,13 @@ def run_bench(
     return result
 
 
-def _run_lengths(run_dir: Path) -> list[int]:
+def _run_lengths(run: RunDir) -> list[int]:
     """Real token counts of the run's training split, recorded by the pipeline."""
-    path = run_dir / "lengths.json"
+    path = run.lengths
     try:
         lengths = json.loads(path.read_text(encoding="utf-8"))["lengths"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"--lengths needs the run's lengths.json ('{path}'): {exc}") from exc
+        raise CheckpointError(f"--lengths needs the run's {RunDir.LENGTHS} ('{path}'): {exc}") from exc
     if not lengths or not all(isinstance(n, int) and n > 0 for n in lengths):
         raise CheckpointError(f"'{path}' holds no valid token lengths")
     return lengths

@@ -12,11 +12,9 @@ from budgeted_attention.benchmark.routing import bench_routing, routing_bench_ma
 from budgeted_attention.checkpoint import load_model, verify_artifacts
 from budgeted_attention.config import load_yaml
 from budgeted_attention.data.lm import load_documents, split_documents, token_blocks
-from budgeted_attention.errors import CheckpointError, ConfigError, DataError
+from budgeted_attention.errors import ConfigError, DataError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
-from budgeted_attention.recipes.bench import find_hard_checkpoint
-
-ROUTING_BENCH = "routing_bench.json"
+from budgeted_attention.rundir import RunDir
 
 
 def run_bench_routing(
@@ -26,16 +24,14 @@ def run_bench_routing(
     """Time and evaluate the run's routed model at ``seq_lens``; writes ``routing_bench.{json,md}``."""
     from budgeted_attention.recipes.experiment import config_from_dict  # noqa: PLC0415
 
-    run = Path(run_dir)
-    if not run.is_dir():
-        raise CheckpointError(f"run directory not found: '{run}'")
-    cfg = config_from_dict(load_yaml(run / "config.yaml"))
+    run = RunDir.open(run_dir)
+    cfg = config_from_dict(load_yaml(run.config))
     if cfg.task != "lm" or cfg.model.attention != "meta":
-        raise ConfigError(f"'{run}' is not a Meta-Attention language-model run (task {cfg.task!r}, attention {cfg.model.attention!r})")
-    checkpoint = find_hard_checkpoint(run, seed, name="dense", command="baa lm CONFIG")
+        raise ConfigError(f"'{run.path}' is not a Meta-Attention language-model run (task {cfg.task!r}, attention {cfg.model.attention!r})")
+    checkpoint = run.find_checkpoint(seed, name="dense", command="baa lm CONFIG")
     model, description = load_model(checkpoint)
-    verify_artifacts(checkpoint, description, run, model)
-    tokenizer = Tokenizer.from_file(str(run / "tokenizer.json"))
+    verify_artifacts(checkpoint, description, run.path, model)
+    tokenizer = Tokenizer.from_file(str(run.tokenizer))
     _, _, test_docs = split_documents(load_documents(cfg.lm_data), cfg.lm_data)
     blocks_by_len = {}
     for seq in seq_lens:
@@ -45,8 +41,8 @@ def run_bench_routing(
         blocks_by_len[seq] = split.input_ids[:blocks]
     result = bench_routing(model, blocks_by_len, threads=threads, rounds=rounds, min_run_time=min_run_time, soft_loss=soft_loss, progress=progress)
     result["checkpoint"] = str(checkpoint)
-    write_json_atomic(run / ROUTING_BENCH, result)
+    write_json_atomic(run.routing_bench_json, result)
     table = routing_bench_markdown(result)
-    write_text_atomic(run / "routing_bench.md", f"# baa bench-routing\n\nCheckpoint: `{result['checkpoint']}`\n\n{table}")
+    write_text_atomic(run.routing_bench_md, f"# baa bench-routing\n\nCheckpoint: `{result['checkpoint']}`\n\n{table}")
     log(table)
     return result

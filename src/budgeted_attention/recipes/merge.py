@@ -41,26 +41,21 @@ import yaml
 from budgeted_attention.config import to_dict
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.io import pid_alive, write_json_atomic, write_yaml_atomic
-from budgeted_attention.runlock import LOCK_NAME, RunDirLock, abandoned, current_holder, describe_holder
-
-# Written once per run from the data (identical in parts with the same config); copied from the first part.
-SHARED_FILES = ("tokenizer.json", "labels.json", "lengths.json")
+from budgeted_attention.rundir import RunDir
+from budgeted_attention.runlock import RunDirLock, abandoned, current_holder, describe_holder
 
 
 def _read_part(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(resolved config, run_info) of one part, with a clear error for anything missing or malformed."""
-    if not path.is_dir():
-        raise ConfigError(f"run directory '{path}' does not exist")
+    run = RunDir.open(path, require=(RunDir.CONFIG, RunDir.RUN_INFO))
     try:
-        config = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
-        info = json.loads((path / "run_info.json").read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ConfigError(f"'{path}' is not a run directory of 'baa experiment' ({Path(exc.filename).name} is missing)") from None
+        config = yaml.safe_load(run.config.read_text(encoding="utf-8"))
+        info = json.loads(run.run_info.read_text(encoding="utf-8"))
     except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         reason = " ".join(str(exc).split())  # YAML errors span several lines
-        raise ConfigError(f"'{path}' holds a malformed config.yaml or run_info.json ({reason})") from None
+        raise ConfigError(f"'{path}' holds a malformed {RunDir.CONFIG} or {RunDir.RUN_INFO} ({reason})") from None
     if not isinstance(config, dict) or not isinstance(config.get("seeds"), list) or not isinstance(info, dict):
-        raise ConfigError(f"'{path}' is not a run directory of 'baa experiment' (config.yaml has no seeds list)")
+        raise ConfigError(f"'{path}' is not a run directory of 'baa experiment' ({RunDir.CONFIG} has no seeds list)")
     holder = current_holder(path)
     if holder is not None:
         raise ConfigError(f"'{path}' is being written by {describe_holder(holder)}: merge it once that run has finished")
@@ -69,22 +64,20 @@ def _read_part(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _check_stamp(part: Path, config: dict[str, Any]) -> None:
-    """Refuse a part whose ``config.yaml`` is not the config its ``config.sha256`` stamped (edited
-    after the run: its units were computed under another config)."""
+    """Refuse a part whose config is not the one its config digest stamped (edited after the run:
+    its units were computed under another config)."""
     from budgeted_attention.recipes.experiment import config_digest, config_from_dict  # noqa: PLC0415
 
-    try:
-        stamped = (part / "config.sha256").read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        raise ConfigError(f"'{part}' is not a run directory of 'baa experiment' (config.sha256 is missing)") from None
+    run = RunDir(part).check(RunDir.CONFIG_DIGEST)
+    stamped = run.config_digest.read_text(encoding="utf-8").strip()
     try:
         actual = config_digest(config_from_dict(config))
     except ConfigError as exc:
-        raise ConfigError(f"'{part}/config.yaml': {exc}") from None
+        raise ConfigError(f"'{run.config}': {exc}") from None
     if actual != stamped:
         raise ConfigError(
-            f"'{part}/config.yaml' is not the config its run was made with: its digest is {actual}, "
-            f"'{part}/config.sha256' says {stamped} (edited after the run?); restore it or rerun that part"
+            f"'{run.config}' is not the config its run was made with: its digest is {actual}, "
+            f"'{run.config_digest}' says {stamped} (edited after the run?); restore it or rerun that part"
         )
 
 
@@ -94,14 +87,13 @@ def _inside(path: Path, root: Path) -> bool:
 
 def _check_links(part: Path, seeds: list[int]) -> None:
     """Refuse, before anything is copied, a symbolic link among what is copied from ``part`` that
-    leads out of the folder copied (a seed's ``units``/``checkpoints`` folder; the part for its
-    shared files), a link loop such as ``up -> ../..`` included: the copy keeps links as links,
-    and one pointing elsewhere would tie the merged run to files it does not hold."""
+    leads out of the folder copied (a seed's units or checkpoints folder; the part for its data
+    files), a link loop such as ``up -> ../..`` included: the copy keeps links as links, and one
+    pointing elsewhere would tie the merged run to files it does not hold."""
     part_root = Path(os.path.realpath(part))
-    checks: list[tuple[Path, Path, Path]] = [(part / name, part_root, part) for name in SHARED_FILES]  # (link?, root, root as named)
+    checks: list[tuple[Path, Path, Path]] = [(part / name, part_root, part) for name in RunDir.DATA_FILES]  # (link?, root, root as named)
     for seed in seeds:
-        for folder in ("units", "checkpoints"):
-            top = part / folder / f"seed{seed}"
+        for top in RunDir(part).seed_dirs(seed):
             checks += [(top.parent, part_root, part), (top, part_root, part)]
             if top.is_dir() and not top.is_symlink():
                 root = Path(os.path.realpath(top))
@@ -134,7 +126,7 @@ def _resolved(config: dict[str, Any], part: Path) -> dict[str, Any]:
     try:
         resolved = to_dict(config_from_dict({**config, "seeds": [0]}))
     except ConfigError as exc:
-        raise ConfigError(f"'{part}/config.yaml': {exc}") from None
+        raise ConfigError(f"'{RunDir(part).config}': {exc}") from None
     resolved["train"].pop("device", None)
     resolved.pop("seeds", None)
     return resolved
@@ -154,14 +146,16 @@ def _check_compatible(parts: list[Path], configs: list[dict[str, Any]]) -> list[
             raise ConfigError(f"'{part}' and '{parts[0]}' differ in more than their seeds ({', '.join(keys)}); only seeds may differ")
         for seed in config["seeds"]:
             if isinstance(seed, bool) or not isinstance(seed, int):
-                raise ConfigError(f"'{part}/config.yaml' lists seed {seed!r}; seeds are integers")
+                raise ConfigError(f"'{RunDir(part).config}' lists seed {seed!r}; seeds are integers")
             if seed in seen:
                 raise ConfigError(f"seed {seed} is in both '{seen[seed]}' and '{part}'; each seed must come from one part")
-            for folder in ("units", "checkpoints"):
-                if not (part / folder / f"seed{seed}").is_dir():
-                    raise ConfigError(f"'{part}' lists seed {seed} but has no {folder}/seed{seed}: finish that run (resume it) before merging")
+            for folder in RunDir(part).seed_dirs(seed):
+                if not folder.is_dir():
+                    raise ConfigError(
+                        f"'{part}' lists seed {seed} but has no {folder.relative_to(part)}: finish that run (resume it) before merging"
+                    )
             seen[seed] = part
-        for name in SHARED_FILES:
+        for name in RunDir.DATA_FILES:
             mine, theirs = part / name, parts[0] / name
             if mine.is_file() != theirs.is_file() or (mine.is_file() and mine.read_bytes() != theirs.read_bytes()):
                 raise ConfigError(f"'{part}' and '{parts[0]}' differ in {name}; parts must come from the same data and code")
@@ -169,19 +163,19 @@ def _check_compatible(parts: list[Path], configs: list[dict[str, Any]]) -> list[
 
 
 def _stage(paths: list[Path], configs: list[dict[str, Any]], infos: list[dict[str, Any]], seeds: list[int], staging: Path) -> None:
-    """Copy the parts' seeds and shared files into ``staging``; write the merged config and provenance."""
-    for name in SHARED_FILES:
+    """Copy the parts' seeds and data files into ``staging``; write the merged config and provenance."""
+    merged = RunDir(staging)
+    for name in RunDir.DATA_FILES:
         if (paths[0] / name).is_file():
             shutil.copy2(paths[0] / name, staging / name)
     invocations: list[dict[str, Any]] = []
     for part, config, info in zip(paths, configs, infos, strict=True):
         for seed in config["seeds"]:
-            for folder in ("units", "checkpoints"):
-                source = part / folder / f"seed{seed}"
+            for source, target in zip(RunDir(part).seed_dirs(seed), merged.seed_dirs(seed), strict=True):
                 try:
                     # Links within the part stay links (never followed); a part's lock file and the
                     # temporary files of its interrupted writes are not artifacts.
-                    shutil.copytree(source, staging / folder / f"seed{seed}", symlinks=True, ignore=_NOT_COPIED)
+                    shutil.copytree(source, target, symlinks=True, ignore=_NOT_COPIED)
                 except shutil.Error as exc:  # one entry per failed file: report the first, on one line
                     errors = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
                     first = " ".join(str(errors[0][-1] if errors and isinstance(errors[0], tuple) else exc).split())[:300]
@@ -191,11 +185,11 @@ def _stage(paths: list[Path], configs: list[dict[str, Any]], infos: list[dict[st
             if isinstance(invocation, dict):
                 # A part that was itself merged keeps its inner parts' tags.
                 invocations.append({"part": str(part), **invocation})
-    write_yaml_atomic(staging / "config.yaml", {**configs[0], "seeds": seeds})
-    write_json_atomic(staging / "run_info.json", {"seeds": seeds, "environment": infos[0].get("environment", {}), "invocations": invocations})
+    write_yaml_atomic(merged.config, {**configs[0], "seeds": seeds})
+    write_json_atomic(merged.run_info, {"seeds": seeds, "environment": infos[0].get("environment", {}), "invocations": invocations})
 
 
-_NOT_COPIED = shutil.ignore_patterns(LOCK_NAME, ".*.tmp")
+_NOT_COPIED = shutil.ignore_patterns(RunDir.LOCK, ".*.tmp")
 
 # ``.OUT.merging-p<PID>-XXXXXXXX``: the staging copy of a merge into OUT by process PID.
 _STAGING = re.compile(r"^\..+\.merging-p(?P<pid>\d+)-[a-z0-9_]{8}$")

@@ -1,5 +1,6 @@
-"""Markdown of a benchmark result (``bench.json``): the one renderer of ``baa bench``'s output,
-the experiments' ``bench.md`` and the speed sections of ``baa report``.
+"""Markdown of a benchmark result (:attr:`~budgeted_attention.rundir.RunDir.bench_json`): the one
+renderer of ``baa bench``'s output, the experiments' benchmark Markdown and the speed sections of
+``baa report``.
 
 Tolerant of missing and extra fields (run directories written by older versions): a column is
 shown when it is always shown or some row has its field.

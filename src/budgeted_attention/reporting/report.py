@@ -1,8 +1,8 @@
 """``baa report RUN_DIR ... --out docs/results.md``: a results document written from run directories.
 
 Nothing in the output is typed by hand: every section is rebuilt from what a run directory
-records (``config.yaml``, ``run_info.json``, ``results.json``, ``bench*.json``, ``units/``,
-``*.png``), so regenerating the document after a rerun can never leave a stale figure behind.
+records (:class:`~budgeted_attention.rundir.RunDir`: config, run info, results, benchmarks, units,
+figures), so regenerating the document after a rerun can never leave a stale figure behind.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from budgeted_attention.reporting.bench_table import bench_table
 from budgeted_attention.reporting.ladder import ladder_markdown
 from budgeted_attention.reporting.results import LOSS_METRIC, aggregate, markdown_table, metric_of, routing_table
 from budgeted_attention.reporting.summary import headline, headline_markdown
+from budgeted_attention.rundir import RunDir
 
 
 class ReportError(BAAError):
@@ -43,90 +44,65 @@ def _read_json(path: Path) -> Any:
         raise ReportError(f"cannot read '{path}': {exc}") from None
 
 
-def _read_config(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "config.yaml"
+def _optional_json(path: Path, what: str, list_key: str | None = None) -> Any:
+    """The JSON object in ``path`` (None when there is no such file), with a list under ``list_key``."""
     if not path.is_file():
+        return None
+    data = _read_json(path)
+    if not isinstance(data, dict) or (list_key is not None and not isinstance(data.get(list_key), list)):
+        expected = f'{{"{list_key}": [...], ...}}' if list_key else "a JSON object"
+        raise ReportError(f"malformed {what} in '{path}': expected {expected}")
+    return data
+
+
+def _read_config(run: RunDir) -> dict[str, Any]:
+    if not run.config.is_file():
         return {}
     try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+        config = yaml.safe_load(run.config.read_text(encoding="utf-8"))
     except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"malformed YAML in '{path}': {str(exc).splitlines()[0]}") from None
+        raise ReportError(f"malformed YAML in '{run.config}': {str(exc).splitlines()[0]}") from None
     return config if isinstance(config, dict) else {}
 
 
 def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Everything the report needs from one run directory; errors name the offending path."""
-    path = Path(run_dir)
-    if not path.exists():
-        raise ReportError(f"run directory not found: '{path}'")
-    if not path.is_dir():
-        raise ReportError(f"not a run directory: '{path}'")
-    results_path = path / "results.json"
-    if not results_path.is_file():
-        raise ReportError(f"no results.json in run directory '{path}' (run it to completion first)")
-    results = _read_json(results_path)
-    if not isinstance(results, dict) or not isinstance(results.get("rows"), list):
-        raise ReportError(f"malformed results in '{results_path}': expected {{\"rows\": [...]}}")
+    run = RunDir.open(run_dir, require=(RunDir.RESULTS_JSON,), hint="run it to completion first")
+    results = _optional_json(run.results_json, "results", "rows")
     rows = results["rows"]
     for index, row in enumerate(rows):
         if not isinstance(row, dict) or "method" not in row or "budget" not in row:
-            raise ReportError(f"malformed results in '{results_path}': row {index} lacks 'method' or 'budget'")
-    info_path = path / "run_info.json"
-    info = _read_json(info_path) if info_path.is_file() else {}
-    if not isinstance(info, dict):
-        raise ReportError(f"malformed run info in '{info_path}': expected a JSON object")
-    config = _read_config(path)
-    benches = []
-    for bench_path in sorted(path.glob("bench*.json")):
-        bench = _read_json(bench_path)
-        if not isinstance(bench, dict) or not isinstance(bench.get("rows"), list):
-            raise ReportError(f"malformed benchmark in '{bench_path}': expected {{\"rows\": [...], ...}}")
-        benches.append((bench_path, bench))
-    routing_path = path / "routing_bench.json"
-    routing_bench = _read_json(routing_path) if routing_path.is_file() else None
-    if routing_bench is not None and (not isinstance(routing_bench, dict) or not isinstance(routing_bench.get("rows"), list)):
-        raise ReportError(f"malformed routing benchmark in '{routing_path}': expected {{\"rows\": [...], ...}}")
-    routed_path = path / "routed.json"
-    routed = _read_json(routed_path) if routed_path.is_file() else None
-    if routed is not None and not isinstance(routed, dict):
-        raise ReportError(f"malformed per-input routing results in '{routed_path}': expected a JSON object")
-    serve_load_path = path / "serve_load.json"
-    serve_load = _read_json(serve_load_path) if serve_load_path.is_file() else None
-    if serve_load is not None and (not isinstance(serve_load, dict) or not isinstance(serve_load.get("trials"), list)):
-        raise ReportError(f"malformed load test in '{serve_load_path}': expected {{\"trials\": [...], ...}}")
-    serve_soak_path = path / "serve_soak.json"
-    serve_soak = _read_json(serve_soak_path) if serve_soak_path.is_file() else None
-    if serve_soak is not None and (not isinstance(serve_soak, dict) or not isinstance(serve_soak.get("probes"), list)):
-        raise ReportError(f"malformed soak test in '{serve_soak_path}': expected {{\"probes\": [...], ...}}")
+            raise ReportError(f"malformed results in '{run.results_json}': row {index} lacks 'method' or 'budget'")
+    config = _read_config(run)
     # A section is named after its run directory: one config can make several runs (`--set
     # seeds=[0] --out runs/x_seed0`), and a name taken from the config would collide.
     config_name = config.get("name") if isinstance(config.get("name"), str) and config.get("name") else None
     return {
-        "path": path,
-        "name": path.resolve().name,
+        "path": run.path,
+        "name": run.path.resolve().name,
         "config_name": config_name,
         "config": config,
-        "info": info,
+        "info": _optional_json(run.run_info, "run info") or {},
         "results": results,
         "rows": rows,
-        "benches": benches,
-        "routing_bench": routing_bench,
-        "routed": routed,
-        "serve_load": serve_load,
-        "serve_soak": serve_soak,
-        "figures": sorted(path.glob("*.png")),
-        "wall_time": _wall_time(path, results),
+        "benches": [(path, _optional_json(path, "benchmark", "rows")) for path in run.benches()],
+        "routing_bench": _optional_json(run.routing_bench_json, "routing benchmark", "rows"),
+        "routed": _optional_json(run.routed_json, "per-input routing results"),
+        "serve_load": _optional_json(run.serve_load, "load test", "trials"),
+        "serve_soak": _optional_json(run.serve_soak, "soak test", "probes"),
+        "figures": run.figures(),
+        "wall_time": _wall_time(run, results),
     }
 
 
-def _wall_time(run_dir: Path, results: dict[str, Any]) -> str | None:
+def _wall_time(run: RunDir, results: dict[str, Any]) -> str | None:
     """A sentence on how long the run took, from what the run recorded (None if nothing)."""
     for key in ("wall_time_s", "wall_seconds", "seconds"):
         value = results.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return f"{value:,.0f} s"
     seconds, count = 0.0, 0
-    for unit in sorted(run_dir.glob("units/*/*.json")):
+    for unit in run.unit_records():
         try:
             value = json.loads(unit.read_text(encoding="utf-8")).get("seconds")
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
@@ -135,15 +111,15 @@ def _wall_time(run_dir: Path, results: dict[str, Any]) -> str | None:
             seconds += value
             count += 1
     if count:
-        return f"{seconds:,.0f} s of compute over {count} finished unit(s) (sum of units/*/*.json)"
-    md = run_dir / "results.md"
+        return f"{seconds:,.0f} s of compute over {count} finished unit(s) (sum of {RunDir.UNITS}/*/*.json)"
+    md = run.results_md
     if md.is_file():
         try:
             found = re.findall(r"Wall time[^:\n]*:\s*([0-9][0-9,.]*)\s*s", md.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError):
             found = []
         if found:
-            return f"{found[-1]} s (as recorded in results.md)"
+            return f"{found[-1]} s (as recorded in {RunDir.RESULTS_MD})"
     return None
 
 
@@ -205,7 +181,7 @@ def _commands(info: dict[str, Any]) -> list[str]:
         header = "Produced by:" if len(invocations) <= 1 else f"Produced by {len(invocations)} invocations (the run was resumed):"
     out = ["", header, ""]
     if not invocations:
-        return ["", "Produced by: command not recorded (no run_info.json invocations)."]
+        return ["", f"Produced by: command not recorded (no {RunDir.RUN_INFO} invocations)."]
     out.append("```")
     for invocation in invocations:
         command = invocation.get("command") if isinstance(invocation, dict) else None
@@ -279,22 +255,22 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
     if run.get("routing_bench"):
         from budgeted_attention.benchmark.routing import routing_bench_markdown  # noqa: PLC0415
 
-        lines += ["", f"### {run['name']}: hard routing vs full attention at long sequences (`routing_bench.json`)", ""]
+        lines += ["", f"### {run['name']}: hard routing vs full attention at long sequences (`{RunDir.ROUTING_BENCH_JSON}`)", ""]
         if run["routing_bench"].get("checkpoint"):
             lines += [f"Checkpoint: `{run['routing_bench']['checkpoint']}`", ""]
         lines.append(routing_bench_markdown(run["routing_bench"]).rstrip("\n"))
     if run.get("routed"):
         from budgeted_attention.reporting.per_input import routed_markdown  # noqa: PLC0415
 
-        lines += ["", f"### {run['name']}: per-input head routing (`routed.json`)", "", routed_markdown(run["routed"]).rstrip("\n")]
+        lines += ["", f"### {run['name']}: per-input head routing (`{RunDir.ROUTED_JSON}`)", "", routed_markdown(run["routed"]).rstrip("\n")]
     if run.get("serve_load"):
         from budgeted_attention.reporting.serve_load import serve_load_markdown  # noqa: PLC0415
 
-        lines += ["", f"### {run['name']}: load test of baa serve (`serve_load.json`)", "", serve_load_markdown(run["serve_load"]).rstrip("\n")]
+        lines += ["", f"### {run['name']}: load test of baa serve (`{RunDir.SERVE_LOAD}`)", "", serve_load_markdown(run["serve_load"]).rstrip("\n")]
     if run.get("serve_soak"):
         from budgeted_attention.reporting.serve_soak import serve_soak_markdown  # noqa: PLC0415 - one module per section kind
 
-        lines += ["", f"### {run['name']}: faults and hostile clients (`serve_soak.json`)", "", serve_soak_markdown(run["serve_soak"]).rstrip("\n")]
+        lines += ["", f"### {run['name']}: faults and hostile clients (`{RunDir.SERVE_SOAK}`)", "", serve_soak_markdown(run["serve_soak"]).rstrip("\n")]
     if run["figures"]:
         lines += ["", f"### {run['name']}: figures", ""]
         for figure in run["figures"]:
@@ -339,7 +315,7 @@ def build_report(
         "",
         "Every table and figure below is written from the run directories by this command; do not edit by hand, "
         "rerun it instead. Run directories hold the resolved config, seeds, package versions, the commands that "
-        "produced them and the raw rows (results.json).",
+        f"produced them and the raw rows ({RunDir.RESULTS_JSON}).",
         "",
         "Contents: " + ", ".join(f"[{r['name']}](#{_anchor(r['name'])})" for r in runs) + ".",
     ]

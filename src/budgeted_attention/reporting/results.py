@@ -2,7 +2,7 @@
 
 A result row is a flat dict with at least ``method``, ``budget``, ``seed`` and ``accuracy`` (test
 split); later stages add fields (``heads_kept``, ``latency_ms``, ``speedup``, ``ideal_speedup``...).
-``results.json`` is ``{"rows": [...]}``.
+A run's :attr:`~budgeted_attention.rundir.RunDir.results_json` is ``{"rows": [...]}``.
 
 Two generations of rows are read:
 
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from budgeted_attention.io import write_json_atomic, write_text_atomic
+from budgeted_attention.rundir import RunDir
 
 METHOD_ORDER = [
     "dense", "dense-long",
@@ -255,15 +256,15 @@ def rows_to_csv(rows: list[dict[str, Any]]) -> str:
 
 
 def write_results(out_dir: str | Path, rows: list[dict[str, Any]], *, title: str, notes: str = "", partial: str | None = None) -> str:
-    """Write results.json, results.csv and results.md atomically; returns the Markdown table.
+    """Write the run directory's results (JSON, CSV and Markdown) atomically; returns the Markdown table.
 
-    ``partial``: a sentence saying the run is unfinished (kept in results.json for reports)."""
-    out = Path(out_dir)
-    write_json_atomic(out / "results.json", {"rows": rows, **({"partial": partial} if partial else {})})
-    write_text_atomic(out / "results.csv", rows_to_csv(rows))
+    ``partial``: a sentence saying the run is unfinished (kept in the JSON for reports)."""
+    run = RunDir(out_dir)
+    write_json_atomic(run.results_json, {"rows": rows, **({"partial": partial} if partial else {})})
+    write_text_atomic(run.results_csv, rows_to_csv(rows))
     table = markdown_table(aggregate(rows))
     routing = routing_table(rows)
     if routing:
         table += "\n## Routing (Meta-Attention, test split)\n\n" + routing
-    write_text_atomic(out / "results.md", f"# {title}\n\n{table}\n{notes}")
+    write_text_atomic(run.results_md, f"# {title}\n\n{table}\n{notes}")
     return table

@@ -1,6 +1,7 @@
 """The typed result record every method of the pipeline produces (one per method, budget, seed).
 
-``results.json`` holds ``{"rows": [asdict(row), ...]}``; reporting reads plain dicts, so old run
+A run's results file (:attr:`~budgeted_attention.rundir.RunDir.results_json`) holds
+``{"rows": [asdict(row), ...]}``; reporting reads plain dicts, so old run
 directories (without the newer fields) still render.
 """
 
@@ -117,7 +118,7 @@ class ResultRow:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat dict for results.json/CSV; reference speedups become ``<name>_speedup`` keys."""
+        """Flat dict for the results JSON/CSV; reference speedups become ``<name>_speedup`` keys."""
         data = dataclasses.asdict(self)
         for name, value in data.pop("reference_speedups").items():
             data[f"{name}_speedup"] = value

@@ -17,6 +17,7 @@ from typing import Any
 
 from budgeted_attention.config import apply_overrides, from_dict, load_yaml
 from budgeted_attention.errors import CheckpointError, ConfigError
+from budgeted_attention.rundir import RunDir
 from budgeted_attention.model.registry import families_with, get_family
 from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.http import ENV_LIMITS, GUARDED_HTTP, HeadLimits
@@ -81,9 +82,8 @@ def preflight(run_dir: str, cfg: ServeConfig, seed: int | None, onnx_dir: str | 
     from budgeted_attention.checkpoint import checkpoint_paths, parse_ranking, read_description, verify_artifacts  # noqa: PLC0415 - torch
     from budgeted_attention.export.onnx import graph_path  # noqa: PLC0415 - onnx is optional
     from budgeted_attention.io import sha256_file  # noqa: PLC0415 - with the checkpoint imports
-    from budgeted_attention.recipes.bench import find_hard_checkpoint  # noqa: PLC0415 - torch
 
-    checkpoint = find_hard_checkpoint(run_dir, seed, command="baa experiment")
+    run, checkpoint = RunDir.locate(run_dir, seed, command="baa experiment")
     description = read_description(checkpoint)
     parse_ranking(checkpoint, description)
     weights, meta = checkpoint_paths(checkpoint)
@@ -93,16 +93,15 @@ def preflight(run_dir: str, cfg: ServeConfig, seed: int | None, onnx_dir: str | 
         raise CheckpointError(f"'{weights}' does not match '{meta}' (SHA-256 differs: truncated, corrupted or from another checkpoint)")
     if not get_family(description["family"]).supports("classify"):
         raise CheckpointError(f"'{checkpoint}' is a {description['family']!r} model; baa serve classifies texts ({', '.join(families_with('classify'))} runs)")
-    folder = Path(run_dir) if Path(run_dir).is_dir() else checkpoint.parent
-    if not (folder / "tokenizer.json").is_file():
-        raise CheckpointError(f"no tokenizer.json in '{folder}' (baa serve needs the run's tokenizer)")
-    verify_artifacts(checkpoint, description, folder)
+    if not run.tokenizer.is_file():
+        raise CheckpointError(f"no {RunDir.TOKENIZER} in '{run.path}' (baa serve needs the run's tokenizer)")
+    verify_artifacts(checkpoint, description, run.path)
     if cfg.min_accuracy > 0:
         from budgeted_attention.serving.engine import floor_budget, validation_accuracy  # noqa: PLC0415
 
-        floor_budget(cfg, validation_accuracy(folder, int(description.get("seed", seed or 0))))
+        floor_budget(cfg, validation_accuracy(run.path, int(description.get("seed", seed or 0))))
     if cfg.backend == "onnxruntime":
-        graphs = Path(onnx_dir) if onnx_dir else folder / "onnx"
+        graphs = Path(onnx_dir) if onnx_dir else run.onnx_dir
         missing = [b for b in cfg.budgets if not graph_path(graphs, b).is_file()]
         if missing:
             budgets = ",".join(f"{b:g}" for b in cfg.budgets)

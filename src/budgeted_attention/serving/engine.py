@@ -25,7 +25,7 @@ from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.model.registry import families_with, get_family
 from budgeted_attention.pruning.selection import Ranking, UnitRanking
 from budgeted_attention.pruning.switching import SlicedModel
-from budgeted_attention.recipes.bench import find_hard_checkpoint
+from budgeted_attention.rundir import RunDir
 from budgeted_attention.serving.config import ServeConfig
 
 
@@ -54,9 +54,9 @@ def kept_cost(ranking: Ranking, budget: float) -> float:
 
 
 def run_labels(run_dir: Path, n_classes: int) -> list[str]:
-    """Class names of a run: ``labels.json`` (written by the pipeline), else the data source's
+    """Class names of a run: its labels file (written by the pipeline), else the data source's
     names from the run's config, else ``class_0...``."""
-    path = run_dir / "labels.json"
+    path = RunDir(run_dir).labels
     if path.is_file():
         try:
             names = json.loads(path.read_text(encoding="utf-8"))["class_names"]
@@ -69,7 +69,7 @@ def run_labels(run_dir: Path, n_classes: int) -> list[str]:
         from budgeted_attention.data.sources import load_source  # noqa: PLC0415
         from budgeted_attention.data.text import TextDataConfig  # noqa: PLC0415
 
-        data = load_yaml(run_dir / "config.yaml").get("data", {})
+        data = load_yaml(RunDir(run_dir).config).get("data", {})
         names = list(load_source(from_dict(TextDataConfig, data, "data")).class_names)
         if len(names) == n_classes:
             return names
@@ -79,8 +79,8 @@ def run_labels(run_dir: Path, n_classes: int) -> list[str]:
 
 
 def validation_accuracy(run_dir: Path, seed: int) -> dict[float, float]:
-    """Validation accuracy of the run's budgeted-hard model per budget (``results.json``; never test)."""
-    path = run_dir / "results.json"
+    """Validation accuracy of the run's budgeted-hard model per budget (the run's results; never test)."""
+    path = RunDir(run_dir).results_json
     if not path.is_file():
         return {}
     try:
@@ -107,17 +107,17 @@ def floor_budget(cfg: ServeConfig, val_accuracy: dict[float, float]) -> float:
         if not meeting:
             raise ConfigError(
                 f"serve.min_accuracy ({cfg.min_accuracy}) is met by no budget in {cfg.budgets} "
-                f"(validation accuracy: {val_accuracy or 'not in results.json'})"
+                f"(validation accuracy: {val_accuracy or f'not in {RunDir.RESULTS_JSON}'})"
             )
         floor = max(floor, min(meeting))
     return floor
 
 
 def load_tokenizer(folder: Path, max_len: int) -> tuple[Tokenizer, int]:
-    """The run's ``tokenizer.json`` in ``folder``, unpadded and truncating to ``max_len``, and its pad id."""
-    path = folder / "tokenizer.json"
+    """The tokenizer of the run directory ``folder``, unpadded and truncating to ``max_len``, and its pad id."""
+    path = RunDir(folder).tokenizer
     if not path.is_file():
-        raise CheckpointError(f"no tokenizer.json in '{path.parent}' (baa serve needs the run's tokenizer)")
+        raise CheckpointError(f"no {RunDir.TOKENIZER} in '{folder}' (baa serve needs the run's tokenizer)")
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception type
@@ -215,7 +215,7 @@ class Engine(EngineInfo):
     def __init__(self, run_dir: str | Path, cfg: ServeConfig, *, seed: int | None = None, onnx_dir: str | Path | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.cfg = cfg
-        checkpoint = find_hard_checkpoint(self.run_dir, seed, command="baa experiment")
+        _, checkpoint = RunDir.locate(self.run_dir, seed, command="baa experiment")
         description = read_description(checkpoint)
         parse_ranking(checkpoint, description)
         self.checkpoint = checkpoint
@@ -241,7 +241,7 @@ class Engine(EngineInfo):
             lean = self.sliced.lean
             self.runtime = "module tree" if lean is None else f"lean copy ({type(lean).__name__})"
         else:
-            self._load_onnx(Path(onnx_dir) if onnx_dir else self.run_dir / "onnx")
+            self._load_onnx(Path(onnx_dir) if onnx_dir else RunDir(self.folder()).onnx_dir)
             self.runtime = "onnxruntime"
 
     # ------------------------------------------------------------------ loading
