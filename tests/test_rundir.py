@@ -27,6 +27,7 @@ def test_paths_are_the_names_old_code_wrote():
     assert run.onnx_dir == LEGACY / "onnx" and run.lock == LEGACY / ".lock"
     assert run.serve_load.name == "serve_load.json" and run.serve_soak.name == "serve_soak.json"
     assert run.routing_bench_json.name == "routing_bench.json" and run.routed_md.name == "routed.md"
+    assert RunDir.tokenizer.name == "tokenizer.json" and RunDir.DATA_FILES == ("tokenizer.json", "labels.json", "lengths.json")
 
 
 def test_seeds_come_from_units_and_checkpoints_folders(tmp_path):
@@ -74,7 +75,7 @@ def test_open_names_the_path_and_what_is_missing(tmp_path):
     with pytest.raises(RunDirError, match=f"^'{tmp_path}' is not a run directory: no config.yaml$"):
         RunDir.open(tmp_path)
     with pytest.raises(RunDirError, match=r"no results.json or run_info.json \(run it first\)$"):
-        RunDir.open(tmp_path, require=(RunDir.RESULTS_JSON, RunDir.RUN_INFO), hint="run it first")
+        RunDir.open(tmp_path, require=(RunDir.results_json, RunDir.run_info), hint="run it first")
     assert issubclass(RunDirError, ConfigError)  # exit code 2 in the CLI, like every bad input
 
 

@@ -113,9 +113,9 @@ def artifact_provenance(folder: str | Path) -> dict[str, Any]:
     run = RunDir(folder)
     found: dict[str, Any] = {}
     if run.tokenizer.is_file():
-        found["tokenizer"] = {"file": RunDir.TOKENIZER, "sha256": sha256_file(run.tokenizer), "vocab_size": _tokenizer_size(run.tokenizer)}
+        found["tokenizer"] = {"file": RunDir.tokenizer.name, "sha256": sha256_file(run.tokenizer), "vocab_size": _tokenizer_size(run.tokenizer)}
     if run.labels.is_file():
-        found["labels"] = {"file": RunDir.LABELS, "sha256": sha256_file(run.labels), "n_labels": _label_count(run.labels)}
+        found["labels"] = {"file": RunDir.labels.name, "sha256": sha256_file(run.labels), "n_labels": _label_count(run.labels)}
     return found
 
 
@@ -151,7 +151,7 @@ def verify_artifacts(checkpoint_path: str | Path, description: dict[str, Any], f
         if recorded.get("sha256") and actual != recorded["sha256"]:
             raise CheckpointError(
                 f"'{tokenizer}' is not the tokenizer '{meta_path}' was trained with (SHA-256 {actual[:16]}..., {size} tokens; "
-                f"recorded {str(recorded['sha256'])[:16]}..., {recorded.get('vocab_size', '?')} tokens): use that run's {RunDir.TOKENIZER}"
+                f"recorded {str(recorded['sha256'])[:16]}..., {recorded.get('vocab_size', '?')} tokens): use that run's {RunDir.tokenizer.name}"
             )
         rows = model.input_embedding().num_embeddings if model is not None else _architecture_size(description, "vocab_size")
         if rows is not None and isinstance(size, int) and size > rows:
@@ -165,7 +165,7 @@ def verify_artifacts(checkpoint_path: str | Path, description: dict[str, Any], f
         if recorded.get("sha256") and actual != recorded["sha256"]:
             raise CheckpointError(
                 f"'{labels}' is not the labels file '{meta_path}' was trained with (SHA-256 {actual[:16]}..., "
-                f"recorded {str(recorded['sha256'])[:16]}...): use that run's {RunDir.LABELS}"
+                f"recorded {str(recorded['sha256'])[:16]}...): use that run's {RunDir.labels.name}"
             )
         classes = _architecture_size(description, "n_classes")
         if classes is not None and _classifies(description) and count != classes:

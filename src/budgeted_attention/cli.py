@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compile", action="store_true", help="torch.compile every timed model")
     bench.add_argument("--cuda-graphs", action="store_true", help="time CUDA-graph replays (--device cuda)")
     bench.add_argument("--onnx", action="store_true", help="also time ONNX Runtime graphs of the dense and pruned models (needs the serve extra)")
-    bench.add_argument("--json", help=f"write the JSON result here (default RUN_DIR/{RunDir.BENCH_JSON})")
+    bench.add_argument("--json", help=f"write the JSON result here (default RUN_DIR/{RunDir.bench_json.name})")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
     routing = sub.add_parser("bench-routing", help="a Meta-Attention LM run: hard routing vs full attention at long sequences")

@@ -25,7 +25,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.io import environment_info, write_json_atomic, write_yaml_atomic
@@ -40,6 +40,24 @@ class RunDirError(ConfigError):
     """A folder is not the run directory a command needs (the message names it and what is missing)."""
 
 
+class Artifact:
+    """One file or folder of a run directory, declared on :class:`RunDir`: ``RunDir.config.name``
+    is its name (``"config.yaml"``), ``run.config`` its path in the run directory ``run``."""
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name = name
+        self.__doc__ = doc
+
+    @overload
+    def __get__(self, run: None, owner: type) -> Artifact: ...
+
+    @overload
+    def __get__(self, run: RunDir, owner: type) -> Path: ...
+
+    def __get__(self, run: RunDir | None, owner: type) -> Artifact | Path:
+        return self if run is None else run.path / self.name
+
+
 class RunDir:
     """A run directory at ``path``: the path of each artifact, the lookups over seeds and
     checkpoints, :meth:`create` (the pipeline's stamp) and :meth:`open` (the readers' check).
@@ -47,25 +65,30 @@ class RunDir:
     Constructing one checks nothing: writers build paths into a folder that may not exist yet.
     """
 
-    CONFIG = "config.yaml"
-    CONFIG_DIGEST = "config.sha256"
-    RUN_INFO = "run_info.json"
-    TOKENIZER = "tokenizer.json"
-    LABELS = "labels.json"
-    LENGTHS = "lengths.json"
-    SUMMARY = "summary.json"
-    RESULTS_JSON, RESULTS_CSV, RESULTS_MD = "results.json", "results.csv", "results.md"
-    BENCH_JSON, BENCH_MD = "bench.json", "bench.md"
-    ROUTING_BENCH_JSON, ROUTING_BENCH_MD = "routing_bench.json", "routing_bench.md"
-    ROUTED_JSON, ROUTED_MD = "routed.json", "routed.md"
-    SERVE_LOAD = "serve_load.json"
-    SERVE_SOAK = "serve_soak.json"
-    UNITS = "units"
-    CHECKPOINTS = "checkpoints"
-    ONNX = "onnx"
-    LOCK = LOCK_NAME
+    config = Artifact("config.yaml", "The resolved configuration.")
+    config_digest = Artifact("config.sha256", "The digest of the configuration the units were computed under.")
+    run_info = Artifact("run_info.json", "Seeds, environment and every invocation (command, start, commit).")
+    tokenizer = Artifact("tokenizer.json", "The run's tokenizer (text -> the ids of the model's embedding rows).")
+    labels = Artifact("labels.json", '``{"class_names": [...]}``: the classes of the model\'s logits.')
+    lengths = Artifact("lengths.json", '``{"split": "train", "lengths": [...]}``: token counts of the training split.')
+    summary = Artifact("summary.json", "The headline figures.")
+    results_json = Artifact("results.json", '``{"rows": [...]}`` (and ``partial`` for an unfinished run).')
+    results_csv = Artifact("results.csv", "The result rows as CSV.")
+    results_md = Artifact("results.md", "The result rows as a Markdown document.")
+    bench_json = Artifact("bench.json", "The budgeted-hard model's benchmark (``baa bench``'s default output).")
+    bench_md = Artifact("bench.md", "The benchmark as Markdown.")
+    routing_bench_json = Artifact("routing_bench.json", "``baa bench-routing``'s result.")
+    routing_bench_md = Artifact("routing_bench.md", "``baa bench-routing``'s result as Markdown.")
+    routed_json = Artifact("routed.json", "Per-input routing speed, calibration and heads by difficulty.")
+    routed_md = Artifact("routed.md", "The per-input routing results as Markdown.")
+    serve_load = Artifact("serve_load.json", "A load test of ``baa serve`` (benchmarks/serve_load.py).")
+    serve_soak = Artifact("serve_soak.json", "A fault and hostile-client test of ``baa serve`` (benchmarks/serve_soak.py).")
+    units_dir = Artifact("units", "The finished-unit records of every seed.")
+    checkpoints_dir = Artifact("checkpoints", "The checkpoints of every seed.")
+    onnx_dir = Artifact("onnx", "Where ``baa export`` writes its graphs by default (and serve looks for them).")
+    lock = Artifact(LOCK_NAME, "The writer's advisory lock (:mod:`budgeted_attention.runlock`).")
     # Written once per run from the data: identical in runs of one config (merge copies them once).
-    DATA_FILES = (TOKENIZER, LABELS, LENGTHS)
+    DATA_FILES = (tokenizer.name, labels.name, lengths.name)
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -79,108 +102,6 @@ class RunDir:
     def __hash__(self) -> int:
         return hash(self.path)
 
-    # ------------------------------------------------------------------ files at the top
-
-    @property
-    def config(self) -> Path:
-        """``config.yaml``: the resolved configuration."""
-        return self.path / self.CONFIG
-
-    @property
-    def config_digest(self) -> Path:
-        """``config.sha256``: the digest of the configuration the units were computed under."""
-        return self.path / self.CONFIG_DIGEST
-
-    @property
-    def run_info(self) -> Path:
-        """``run_info.json``: seeds, environment and invocations."""
-        return self.path / self.RUN_INFO
-
-    @property
-    def tokenizer(self) -> Path:
-        """``tokenizer.json``: the run's tokenizer."""
-        return self.path / self.TOKENIZER
-
-    @property
-    def labels(self) -> Path:
-        """``labels.json``: ``{"class_names": [...]}``."""
-        return self.path / self.LABELS
-
-    @property
-    def lengths(self) -> Path:
-        """``lengths.json``: ``{"split": "train", "lengths": [...]}``."""
-        return self.path / self.LENGTHS
-
-    @property
-    def summary(self) -> Path:
-        """``summary.json``: the headline figures."""
-        return self.path / self.SUMMARY
-
-    @property
-    def results_json(self) -> Path:
-        """``results.json``: ``{"rows": [...]}``."""
-        return self.path / self.RESULTS_JSON
-
-    @property
-    def results_csv(self) -> Path:
-        """``results.csv``: the rows as CSV."""
-        return self.path / self.RESULTS_CSV
-
-    @property
-    def results_md(self) -> Path:
-        """``results.md``: the rows as a Markdown document."""
-        return self.path / self.RESULTS_MD
-
-    @property
-    def bench_json(self) -> Path:
-        """``bench.json``: the budgeted-hard model's benchmark (``baa bench``'s default output)."""
-        return self.path / self.BENCH_JSON
-
-    @property
-    def bench_md(self) -> Path:
-        """``bench.md``: :attr:`bench_json` as Markdown."""
-        return self.path / self.BENCH_MD
-
-    @property
-    def routing_bench_json(self) -> Path:
-        """``routing_bench.json``: ``baa bench-routing``'s result."""
-        return self.path / self.ROUTING_BENCH_JSON
-
-    @property
-    def routing_bench_md(self) -> Path:
-        """``routing_bench.md``: :attr:`routing_bench_json` as Markdown."""
-        return self.path / self.ROUTING_BENCH_MD
-
-    @property
-    def routed_json(self) -> Path:
-        """``routed.json``: per-input routing speed, calibration and heads by difficulty."""
-        return self.path / self.ROUTED_JSON
-
-    @property
-    def routed_md(self) -> Path:
-        """``routed.md``: :attr:`routed_json` as Markdown."""
-        return self.path / self.ROUTED_MD
-
-    @property
-    def serve_load(self) -> Path:
-        """``serve_load.json``: a load test of ``baa serve`` (benchmarks/serve_load.py)."""
-        return self.path / self.SERVE_LOAD
-
-    @property
-    def serve_soak(self) -> Path:
-        """``serve_soak.json``: a fault and hostile-client test of ``baa serve`` (benchmarks/serve_soak.py)."""
-        return self.path / self.SERVE_SOAK
-
-    @property
-    def onnx_dir(self) -> Path:
-        """``onnx/``: where ``baa export`` writes its graphs by default (and serve looks for them)."""
-        return self.path / self.ONNX
-
-    @property
-    def lock(self) -> Path:
-        """``.lock``: the writer's advisory lock (:mod:`budgeted_attention.runlock`)."""
-        return self.path / self.LOCK
-
     def benches(self) -> list[Path]:
         """Every ``bench*.json`` (``bench.json`` and ``bench-<method>.json``), sorted."""
         return sorted(self.path.glob("bench*.json"))
@@ -190,16 +111,6 @@ class RunDir:
         return sorted(self.path.glob("*.png"))
 
     # ------------------------------------------------------------------ per seed
-
-    @property
-    def units_dir(self) -> Path:
-        """``units/``: the finished-unit records of every seed."""
-        return self.path / self.UNITS
-
-    @property
-    def checkpoints_dir(self) -> Path:
-        """``checkpoints/``: the checkpoints of every seed."""
-        return self.path / self.CHECKPOINTS
 
     def unit_dir(self, seed: int) -> Path:
         """``units/seed<seed>/``."""
@@ -284,8 +195,8 @@ class RunDir:
         return run
 
     @classmethod
-    def open(cls, path: str | Path, *, require: tuple[str, ...] = (CONFIG,), hint: str = "") -> RunDir:
-        """The run directory at ``path``, checked to exist and to hold the files named in ``require``.
+    def open(cls, path: str | Path, *, require: tuple[Artifact, ...] = (config,), hint: str = "") -> RunDir:
+        """The run directory at ``path``, checked to exist and to hold the files ``require``.
 
         Raises:
             RunDirError: one line naming the path and what is missing (``hint``, e.g. what to
@@ -298,13 +209,13 @@ class RunDir:
             raise RunDirError(f"not a run directory: '{run.path}' is a file")
         return run.check(*require, hint=hint)
 
-    def check(self, *names: str, hint: str = "") -> RunDir:
-        """This run directory, checked to hold the files ``names`` (e.g. :attr:`CONFIG_DIGEST`).
+    def check(self, *files: Artifact, hint: str = "") -> RunDir:
+        """This run directory, checked to hold ``files`` (e.g. ``RunDir.config_digest``).
 
         Raises:
             RunDirError: one line naming the path and the missing files (and ``hint``).
         """
-        missing = [name for name in names if not (self.path / name).is_file()]
+        missing = [file.name for file in files if not (self.path / file.name).is_file()]
         if missing:
             raise RunDirError(f"'{self.path}' is not a run directory: no {' or '.join(missing)}" + (f" ({hint})" if hint else ""))
         return self
@@ -313,7 +224,7 @@ class RunDir:
     def of_checkpoint(cls, checkpoint: str | Path) -> RunDir:
         """The run a checkpoint at ``RUN/checkpoints/seed<N>/NAME`` belongs to, else the checkpoint's own folder."""
         folder = Path(checkpoint).parent
-        if folder.parent.name == cls.CHECKPOINTS:
+        if folder.parent.name == cls.checkpoints_dir.name:
             return cls(folder.parent.parent)
         return cls(folder)
 

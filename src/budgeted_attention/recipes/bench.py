@@ -66,7 +66,7 @@ def _run_lengths(run: RunDir) -> list[int]:
     try:
         lengths = json.loads(path.read_text(encoding="utf-8"))["lengths"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"--lengths needs the run's {RunDir.LENGTHS} ('{path}'): {exc}") from exc
+        raise CheckpointError(f"--lengths needs the run's {RunDir.lengths.name} ('{path}'): {exc}") from exc
     if not lengths or not all(isinstance(n, int) and n > 0 for n in lengths):
         raise CheckpointError(f"'{path}' holds no valid token lengths")
     return lengths

@@ -47,15 +47,15 @@ from budgeted_attention.runlock import RunDirLock, abandoned, current_holder, de
 
 def _read_part(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(resolved config, run_info) of one part, with a clear error for anything missing or malformed."""
-    run = RunDir.open(path, require=(RunDir.CONFIG, RunDir.RUN_INFO))
+    run = RunDir.open(path, require=(RunDir.config, RunDir.run_info))
     try:
         config = yaml.safe_load(run.config.read_text(encoding="utf-8"))
         info = json.loads(run.run_info.read_text(encoding="utf-8"))
     except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         reason = " ".join(str(exc).split())  # YAML errors span several lines
-        raise ConfigError(f"'{path}' holds a malformed {RunDir.CONFIG} or {RunDir.RUN_INFO} ({reason})") from None
+        raise ConfigError(f"'{path}' holds a malformed {RunDir.config.name} or {RunDir.run_info.name} ({reason})") from None
     if not isinstance(config, dict) or not isinstance(config.get("seeds"), list) or not isinstance(info, dict):
-        raise ConfigError(f"'{path}' is not a run directory of 'baa experiment' ({RunDir.CONFIG} has no seeds list)")
+        raise ConfigError(f"'{path}' is not a run directory of 'baa experiment' ({RunDir.config.name} has no seeds list)")
     holder = current_holder(path)
     if holder is not None:
         raise ConfigError(f"'{path}' is being written by {describe_holder(holder)}: merge it once that run has finished")
@@ -68,7 +68,7 @@ def _check_stamp(part: Path, config: dict[str, Any]) -> None:
     its units were computed under another config)."""
     from budgeted_attention.recipes.experiment import config_digest, config_from_dict  # noqa: PLC0415
 
-    run = RunDir(part).check(RunDir.CONFIG_DIGEST)
+    run = RunDir(part).check(RunDir.config_digest)
     stamped = run.config_digest.read_text(encoding="utf-8").strip()
     try:
         actual = config_digest(config_from_dict(config))
@@ -189,7 +189,7 @@ def _stage(paths: list[Path], configs: list[dict[str, Any]], infos: list[dict[st
     write_json_atomic(merged.run_info, {"seeds": seeds, "environment": infos[0].get("environment", {}), "invocations": invocations})
 
 
-_NOT_COPIED = shutil.ignore_patterns(RunDir.LOCK, ".*.tmp")
+_NOT_COPIED = shutil.ignore_patterns(RunDir.lock.name, ".*.tmp")
 
 # ``.OUT.merging-p<PID>-XXXXXXXX``: the staging copy of a merge into OUT by process PID.
 _STAGING = re.compile(r"^\..+\.merging-p(?P<pid>\d+)-[a-z0-9_]{8}$")

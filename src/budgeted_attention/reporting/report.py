@@ -67,7 +67,7 @@ def _read_config(run: RunDir) -> dict[str, Any]:
 
 def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Everything the report needs from one run directory; errors name the offending path."""
-    run = RunDir.open(run_dir, require=(RunDir.RESULTS_JSON,), hint="run it to completion first")
+    run = RunDir.open(run_dir, require=(RunDir.results_json,), hint="run it to completion first")
     results = _optional_json(run.results_json, "results", "rows")
     rows = results["rows"]
     for index, row in enumerate(rows):
@@ -111,7 +111,7 @@ def _wall_time(run: RunDir, results: dict[str, Any]) -> str | None:
             seconds += value
             count += 1
     if count:
-        return f"{seconds:,.0f} s of compute over {count} finished unit(s) (sum of {RunDir.UNITS}/*/*.json)"
+        return f"{seconds:,.0f} s of compute over {count} finished unit(s) (sum of {RunDir.units_dir.name}/*/*.json)"
     md = run.results_md
     if md.is_file():
         try:
@@ -119,7 +119,7 @@ def _wall_time(run: RunDir, results: dict[str, Any]) -> str | None:
         except (OSError, UnicodeDecodeError):
             found = []
         if found:
-            return f"{found[-1]} s (as recorded in {RunDir.RESULTS_MD})"
+            return f"{found[-1]} s (as recorded in {RunDir.results_md.name})"
     return None
 
 
@@ -181,7 +181,7 @@ def _commands(info: dict[str, Any]) -> list[str]:
         header = "Produced by:" if len(invocations) <= 1 else f"Produced by {len(invocations)} invocations (the run was resumed):"
     out = ["", header, ""]
     if not invocations:
-        return ["", f"Produced by: command not recorded (no {RunDir.RUN_INFO} invocations)."]
+        return ["", f"Produced by: command not recorded (no {RunDir.run_info.name} invocations)."]
     out.append("```")
     for invocation in invocations:
         command = invocation.get("command") if isinstance(invocation, dict) else None
@@ -255,22 +255,22 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
     if run.get("routing_bench"):
         from budgeted_attention.benchmark.routing import routing_bench_markdown  # noqa: PLC0415
 
-        lines += ["", f"### {run['name']}: hard routing vs full attention at long sequences (`{RunDir.ROUTING_BENCH_JSON}`)", ""]
+        lines += ["", f"### {run['name']}: hard routing vs full attention at long sequences (`{RunDir.routing_bench_json.name}`)", ""]
         if run["routing_bench"].get("checkpoint"):
             lines += [f"Checkpoint: `{run['routing_bench']['checkpoint']}`", ""]
         lines.append(routing_bench_markdown(run["routing_bench"]).rstrip("\n"))
     if run.get("routed"):
         from budgeted_attention.reporting.per_input import routed_markdown  # noqa: PLC0415
 
-        lines += ["", f"### {run['name']}: per-input head routing (`{RunDir.ROUTED_JSON}`)", "", routed_markdown(run["routed"]).rstrip("\n")]
+        lines += ["", f"### {run['name']}: per-input head routing (`{RunDir.routed_json.name}`)", "", routed_markdown(run["routed"]).rstrip("\n")]
     if run.get("serve_load"):
         from budgeted_attention.reporting.serve_load import serve_load_markdown  # noqa: PLC0415
 
-        lines += ["", f"### {run['name']}: load test of baa serve (`{RunDir.SERVE_LOAD}`)", "", serve_load_markdown(run["serve_load"]).rstrip("\n")]
+        lines += ["", f"### {run['name']}: load test of baa serve (`{RunDir.serve_load.name}`)", "", serve_load_markdown(run["serve_load"]).rstrip("\n")]
     if run.get("serve_soak"):
         from budgeted_attention.reporting.serve_soak import serve_soak_markdown  # noqa: PLC0415 - one module per section kind
 
-        lines += ["", f"### {run['name']}: faults and hostile clients (`{RunDir.SERVE_SOAK}`)", "", serve_soak_markdown(run["serve_soak"]).rstrip("\n")]
+        lines += ["", f"### {run['name']}: faults and hostile clients (`{RunDir.serve_soak.name}`)", "", serve_soak_markdown(run["serve_soak"]).rstrip("\n")]
     if run["figures"]:
         lines += ["", f"### {run['name']}: figures", ""]
         for figure in run["figures"]:
@@ -315,7 +315,7 @@ def build_report(
         "",
         "Every table and figure below is written from the run directories by this command; do not edit by hand, "
         "rerun it instead. Run directories hold the resolved config, seeds, package versions, the commands that "
-        f"produced them and the raw rows ({RunDir.RESULTS_JSON}).",
+        f"produced them and the raw rows ({RunDir.results_json.name}).",
         "",
         "Contents: " + ", ".join(f"[{r['name']}](#{_anchor(r['name'])})" for r in runs) + ".",
     ]

@@ -94,7 +94,7 @@ def preflight(run_dir: str, cfg: ServeConfig, seed: int | None, onnx_dir: str | 
     if not get_family(description["family"]).supports("classify"):
         raise CheckpointError(f"'{checkpoint}' is a {description['family']!r} model; baa serve classifies texts ({', '.join(families_with('classify'))} runs)")
     if not run.tokenizer.is_file():
-        raise CheckpointError(f"no {RunDir.TOKENIZER} in '{run.path}' (baa serve needs the run's tokenizer)")
+        raise CheckpointError(f"no {RunDir.tokenizer.name} in '{run.path}' (baa serve needs the run's tokenizer)")
     verify_artifacts(checkpoint, description, run.path)
     if cfg.min_accuracy > 0:
         from budgeted_attention.serving.engine import floor_budget, validation_accuracy  # noqa: PLC0415

@@ -107,7 +107,7 @@ def floor_budget(cfg: ServeConfig, val_accuracy: dict[float, float]) -> float:
         if not meeting:
             raise ConfigError(
                 f"serve.min_accuracy ({cfg.min_accuracy}) is met by no budget in {cfg.budgets} "
-                f"(validation accuracy: {val_accuracy or f'not in {RunDir.RESULTS_JSON}'})"
+                f"(validation accuracy: {val_accuracy or f'not in {RunDir.results_json.name}'})"
             )
         floor = max(floor, min(meeting))
     return floor
@@ -117,7 +117,7 @@ def load_tokenizer(folder: Path, max_len: int) -> tuple[Tokenizer, int]:
     """The tokenizer of the run directory ``folder``, unpadded and truncating to ``max_len``, and its pad id."""
     path = RunDir(folder).tokenizer
     if not path.is_file():
-        raise CheckpointError(f"no {RunDir.TOKENIZER} in '{folder}' (baa serve needs the run's tokenizer)")
+        raise CheckpointError(f"no {RunDir.tokenizer.name} in '{folder}' (baa serve needs the run's tokenizer)")
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception type
