@@ -24,7 +24,7 @@ from budgeted_attention.hf.architectures import (  # noqa: E402
     unmodified_reference,
     uses_token_type_ids,
 )
-from budgeted_attention.hf.bert import GatedBertSelfAttention  # noqa: E402
+from budgeted_attention.hf.bert import GatedBertClassifier, GatedBertSelfAttention  # noqa: E402
 
 TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
 # model_type -> (config class, base model class, pad token id)
@@ -245,20 +245,19 @@ def test_decoder_configs_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("kind", SUPPORTED)
-def test_gated_self_attention_equals_unmodified_model_with_padding_and_segments(kind, tmp_path):
+def test_gated_classifier_equals_unmodified_model_with_padding_and_segments(kind, tmp_path):
     folder, _ = _save_base(kind, tmp_path / kind, num_hidden_layers=3)
     hf = load_pretrained_classifier(folder, 3, log=lambda _: None)
     reference = unmodified_reference(hf)
     assert type(reference) is type(hf) and not reference.training
     batch = _batch(hf, kind)
     assert ("token_type_ids" in batch) == (kind in ("bert", "electra"))
-    for layer in encoder_layers(hf):
-        set_self_attention(layer, GatedBertSelfAttention(self_attention(layer)))
+    gated = GatedBertClassifier(hf)  # our layer loop over the family's own submodules
     assert all(isinstance(self_attention(layer), GatedBertSelfAttention) for layer in encoder_layers(hf))
     assert not any(self_attention(layer).training for layer in encoder_layers(hf))  # took the model's eval mode
     with torch.no_grad():
         expected = reference(**batch).logits
-        got = hf(**batch).logits
+        got = gated(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
         # the second segment really changes the result where the family uses it
         if "token_type_ids" in batch:
             without = reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits

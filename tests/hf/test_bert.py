@@ -152,12 +152,11 @@ def test_per_input_routing_computes_selected_heads_only_and_equals_the_masked_fo
         assert torch.allclose(hard, model(ids, mask, gates=selection.float()), atol=1e-5)
         for i in range(ids.shape[0]):  # one input: gathered weights, compact output projection
             assert torch.allclose(model(ids[i : i + 1], mask[i : i + 1], budget=0.5), hard[i : i + 1], atol=1e-5)
-    assert all(a.head_index is None and a.head_gates is None and a.gathered is None for a in model.attentions)
-    assert all(d.input_index is None and d.input_weight is None for d in model.output_denses)
-    hits = sum(a.gather_cache.hits for a in model.attentions)
+    hits = sum(a._gathered.hits for a in model.attentions)
     with torch.no_grad():
-        model(ids[:1], mask[:1], budget=0.5)  # the same input again: every layer's set is cached
-    assert sum(a.gather_cache.hits for a in model.attentions) == hits + len(model.attentions)
+        model(ids[:1], mask[:1], budget=0.5)  # the same input again: every layer's set with a gap is cached
+        gapped = [s.heads for s in model.layer_selections(ids[:1], mask[:1], 0.5) if s.heads[-1] - s.heads[0] + 1 != len(s.heads)]
+    assert gapped and sum(a._gathered.hits for a in model.attentions) == hits + len(gapped)
     with torch.no_grad():  # a weight change after caching: the cache must not serve stale weights
         model.attentions[0].value.weight.mul_(0.5)
         model.output_denses[1].weight.mul_(0.5)
@@ -169,7 +168,9 @@ def test_per_input_routing_computes_selected_heads_only_and_equals_the_masked_fo
     assert model.attentions[0].query.weight.grad is not None
 
 
-def test_many_head_sets_computed_head_by_head_equal_the_masked_context():
+def test_many_head_sets_computed_head_by_head_equal_the_masked_attention():
+    from budgeted_attention.model.gates import LayerSelection
+
     torch.manual_seed(4)
     model = GatedBertClassifier(_tiny_bert()).eval()
     attention = model.attentions[0]
@@ -180,33 +181,9 @@ def test_many_head_sets_computed_head_by_head_equal_the_masked_context():
     selected[:, 0] = True
     assert len(torch.unique(selected, dim=0)) > attention.active_heads  # the head-by-head path
     with torch.no_grad():
-        attention.head_gates = selected
-        hard, _ = attention(hidden, mask)
-        attention.head_gates = None
-        masked = attention._context(hidden, mask, None, selected.float())
+        hard = attention(hidden, mask, LayerSelection(chosen=selected), model.output_denses[0])
+        masked = attention(hidden, mask, LayerSelection(gates=selected.float()), model.output_denses[0])
     assert torch.allclose(hard, masked, atol=1e-5)
-
-
-def test_a_failure_while_selecting_heads_leaves_no_selection_behind(monkeypatch):
-    from budgeted_attention.hf.bert import GatedBertSelfAttention
-    from budgeted_attention.model.router import RouterConfig
-
-    torch.manual_seed(0)
-    model = GatedBertClassifier(_tiny_bert()).eval()
-    model.attach_router(RouterConfig(mode="capped"))
-    ids = torch.randint(0, 99, (1, 9))
-    original = GatedBertSelfAttention.select_heads
-
-    def fail_in_the_last_layer(self, heads, dense):
-        if self is model.attentions[-1]:
-            raise MemoryError("no memory for the gather")
-        return original(self, heads, dense)
-
-    monkeypatch.setattr(GatedBertSelfAttention, "select_heads", fail_in_the_last_layer)
-    with torch.no_grad(), pytest.raises(MemoryError):
-        model(ids, budget=0.5)
-    assert all(a.head_index is None and a.gathered is None for a in model.attentions)
-    assert all(d.input_index is None and d.input_weight is None for d in model.output_denses)
 
 
 def test_static_slice_of_a_routed_bert_runs_a_head_count_without_the_router():

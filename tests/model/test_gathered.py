@@ -5,6 +5,7 @@ import copy
 import torch
 
 from budgeted_attention.model.attention import GatedSelfAttention
+from budgeted_attention.model.gates import LayerSelection
 from budgeted_attention.model.gathered import GatherCache
 
 
@@ -50,16 +51,16 @@ def test_cached_attention_equals_the_gathering_path_and_training_bypasses_the_ca
     attention = GatedSelfAttention(16, 4, 4).eval()
     x = torch.randn(1, 5, 16)
     selected = torch.tensor([[True, False, True, True]])
-    reference = attention._forward_heads(x, None, torch.tensor([0, 2, 3]))
+    reference = attention(x, selection=LayerSelection(gates=torch.tensor([1.0, 0.0, 1.0, 1.0])))
     with torch.no_grad():
         for _ in range(2):
-            assert torch.allclose(attention(x, head_gates=selected), reference, atol=1e-6)
+            assert torch.allclose(attention(x, selection=LayerSelection(chosen=selected)), reference, atol=1e-6)
     assert len(attention._gathered) == 1
     with torch.no_grad():
         attention.qkv_weight.mul_(0.5)  # a weight change after caching
-        assert torch.allclose(attention(x, head_gates=selected), attention._forward_heads(x, None, torch.tensor([0, 2, 3])), atol=1e-6)
+        assert torch.allclose(attention(x, selection=LayerSelection(chosen=selected)), attention(x, selection=LayerSelection(gates=torch.tensor([1.0, 0.0, 1.0, 1.0]))), atol=1e-6)
     attention.train()
-    out = attention(x, head_gates=selected)
+    out = attention(x, selection=LayerSelection(chosen=selected))
     out.sum().backward()
     assert attention.qkv_weight.grad is not None  # gathered with autograd, not from the cache
     assert len(copy.deepcopy(attention)._gathered) == 0
@@ -69,6 +70,6 @@ def test_a_model_made_under_inference_mode_runs_the_selected_heads_uncached():
     with torch.inference_mode():
         attention = GatedSelfAttention(16, 4, 4).eval()  # inference tensors: no version counter
         x = torch.randn(1, 5, 16)
-        out = attention(x, head_gates=torch.tensor([[True, False, True, False]]))
-        assert torch.allclose(out, attention._forward_heads(x, None, torch.tensor([0, 2])), atol=1e-6)
+        out = attention(x, selection=LayerSelection(chosen=torch.tensor([[True, False, True, False]])))
+        assert torch.allclose(out, attention(x, selection=LayerSelection(gates=torch.tensor([1.0, 0.0, 1.0, 0.0]))), atol=1e-6)
     assert len(attention._gathered) == 0

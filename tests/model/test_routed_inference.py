@@ -42,8 +42,8 @@ def _per_input(runtime, model, ids, mask, budget):
             one, one_mask = ids[i : i + 1], mask[i : i + 1]
             lean.append(runtime(one, one_mask, budget=budget))
             tree.append(model(one, one_mask, budget=budget))
-            pooled_mask = one_mask if not bool(one_mask.all()) else None
-            sets.add(model.routed_gates(one, pooled_mask, budget, None)[1].sets if budget != 1.0 else None)
+            positions = runtime.head_sets(one, one_mask, budget=budget)
+            sets.add(None if positions is None else tuple(positions))
     return torch.cat(lean), torch.cat(tree), sets
 
 
@@ -80,8 +80,7 @@ def test_a_wrong_gather_changes_the_logits():
     runtime = RoutedInference(model)
     ids, mask = _inputs(batch=1)
     with torch.no_grad():
-        decision = model.routed_gates(ids, None, 0.25, None)[1]
-        positions = model.head_positions(decision)
+        positions = runtime.head_sets(ids, None, budget=0.25)
         wrong = [tuple(h for h in range(model.n_heads) if h not in heads) or heads for heads in positions]
         assert not torch.allclose(runtime.lean(ids, mask, head_sets=wrong), model(ids, mask, budget=0.25), atol=1e-4)
 
@@ -175,7 +174,7 @@ def test_runtime_train_then_model_eval_still_serves_through_the_copy():
 @pytest.mark.parametrize("family", ["encoder", "bert"])
 def test_sets_with_gaps_run_run_by_run_once_the_cache_is_full(family):
     """No room in the cache: gapped sets run per run of adjacent heads from views, same logits."""
-    from budgeted_attention.model.lean import _runs
+    from budgeted_attention.model.heads import _runs
 
     assert _runs((0, 1, 3, 5, 6, 7)) == [(0, 2), (3, 4), (5, 8)] and _runs((2,)) == [(2, 3)]
     if family == "bert":

@@ -54,6 +54,7 @@ def test_hard_routing_equals_the_masked_forward_and_the_per_input_forward():
 @pytest.mark.parametrize(("causal", "qk_norm"), [(False, False), (True, True)])
 def test_many_head_sets_computed_head_by_head_equal_the_masked_forward(causal, qk_norm):
     from budgeted_attention.model.attention import GatedSelfAttention
+    from budgeted_attention.model.gates import LayerSelection
 
     torch.manual_seed(3)
     attention = GatedSelfAttention(16, 4, 4, causal=causal, qk_norm=qk_norm).eval()
@@ -66,8 +67,8 @@ def test_many_head_sets_computed_head_by_head_equal_the_masked_forward(causal, q
     selected[:, 0] = True  # a head every input selected (the no-gather branch)
     assert len(torch.unique(selected, dim=0)) > 4  # more sets than heads: the head-by-head path
     with torch.no_grad():
-        hard = attention(x, mask, head_gates=selected)
-        masked = attention(x, mask, head_gates=selected.float())
+        hard = attention(x, mask, LayerSelection(chosen=selected))
+        masked = attention(x, mask, LayerSelection(gates=selected.float()))
     assert torch.allclose(hard, masked, atol=1e-5)
 
 
@@ -318,7 +319,7 @@ def test_pooling_without_a_mask_has_the_bits_of_an_all_ones_mask():
 
 @pytest.mark.parametrize("mode", ["capped", "learned"])
 def test_one_input_takes_the_head_set_path_not_the_mask_path(mode, monkeypatch):
-    from budgeted_attention.model.attention import GatedSelfAttention
+    from budgeted_attention.model import heads
 
     model = _routed(mode)
     budget = 0.5 if mode == "capped" else None
@@ -329,7 +330,7 @@ def test_one_input_takes_the_head_set_path_not_the_mask_path(mode, monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("one input must not build a per-layer mask")
 
-    monkeypatch.setattr(GatedSelfAttention, "_forward_selected", refuse)
+    monkeypatch.setattr(heads, "attend_chosen", refuse)
     for i in range(ids.shape[0]):
         one = (ids[i : i + 1], mask[i : i + 1])
         with torch.no_grad():

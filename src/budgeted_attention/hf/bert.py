@@ -1,15 +1,18 @@
 """Budget gates and structural head pruning for Hugging Face BERT-family classifiers.
 
 :class:`GatedBertSelfAttention` replaces ``BertSelfAttention``: same Q/K/V linear layers (so
-pretrained weights load unchanged), attention through ``F.scaled_dot_product_attention`` with the
-mask transformers prepares, each head's output multiplied by its gate, and heads that can be
+pretrained weights load unchanged), attention through the library's one head-subset attention
+(:func:`~budgeted_attention.model.heads.attend`) with the output projection of
+``BertSelfOutput.dense``, each head's output multiplied by its gate, and heads that can be
 removed physically (Q/K/V rows here, input columns of ``BertSelfOutput.dense``). A layer with
-no heads returns a (batch, seq, 0) tensor, so the output projection contributes only its bias.
+no heads contributes the output projection's bias only.
 
 :class:`GatedBertClassifier` wraps the transformers model with the same interface as
 :class:`budgeted_attention.model.transformer.EncoderClassifier` (``model(ids, mask, budget=b)``,
 ``model(ids, mask, gates=G)``, ``model.gates``), so the training stages, sweeps and head
-rankings of this library apply unchanged.
+rankings of this library apply unchanged. Its forward pass runs the transformers submodules
+(embeddings, LayerNorms, dropouts, FFN, pooler, classifier) in its own layer loop, so that each
+layer's :class:`~budgeted_attention.model.gates.LayerSelection` is an argument of the call.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import nn
 from budgeted_attention.errors import CheckpointError
 from budgeted_attention.hf.architectures import (
     attention_output_dense,
+    base_model,
     classifier_from_config,
     encoder_layers,
     ffn_output_dense,
@@ -36,8 +40,10 @@ from budgeted_attention.hf.architectures import (
     unmodified_reference,
 )
 from budgeted_attention.model.family import GatedModel
+from budgeted_attention.model.gates import LayerSelection, UnitGates
 from budgeted_attention.model.gathered import GatherCache
-from budgeted_attention.model.gates import UnitGates
+from budgeted_attention.model.heads import attend_selection, interleave_qkv
+from budgeted_attention.model.lean import needs_mask
 
 
 def minilm_path() -> Path:
@@ -50,43 +56,25 @@ def minilm_path() -> Path:
     return Path(spec.origin).parent / "model"
 
 
-class PrefixInputLinear(nn.Linear):
-    """``BertSelfOutput.dense`` that reads only the first ``active_in`` input features.
-
-    Instant budget switching slices the sorted heads of a layer as a prefix; the output projection
-    must then use the matching prefix of its input columns (a view, no copy).
-    """
-
-    active_in: int | None = None
-    # Input columns of a per-input router's single head set (gathered), set per forward pass;
-    # or, without autograd, the gathered weight itself (from the attention's cache).
-    input_index: torch.Tensor | None = None
-    input_weight: torch.Tensor | None = None
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> PrefixInputLinear:
-        linear.__class__ = cls  # keep the parameters (and their state-dict names) as they are
-        linear.active_in = None
-        linear.input_index = None
-        linear.input_weight = None
-        return linear  # type: ignore[return-value]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight.shape[1] == 0 or self.active_in == 0:  # a layer without heads: only the bias (no zero-width matmul)
-            return self.bias.expand(*x.shape[:-1], self.out_features)
-        if self.input_weight is not None:
-            return F.linear(x, self.input_weight, self.bias)
-        if self.input_index is not None:
-            return F.linear(x, self.weight.index_select(1, self.input_index), self.bias)
-        if self.active_in is None or self.active_in == self.in_features:
-            return super().forward(x)
-        return F.linear(x, self.weight[:, : self.active_in], self.bias)
+def _prefix_linear(linear: nn.Linear, h: torch.Tensor) -> torch.Tensor:
+    """``linear`` reading only the first ``h.shape[-1]`` of its input features (the FFN's active
+    neurons: a view of its weight's columns); width 0 gives the bias alone."""
+    width = h.shape[-1]
+    if width == linear.in_features:
+        return linear(h)
+    if width == 0:
+        return linear.bias.expand(*h.shape[:-1], linear.out_features)
+    return F.linear(h, linear.weight[:, :width], linear.bias)
 
 
 class GatedBertSelfAttention(nn.Module):
-    """Drop-in for ``BertSelfAttention`` (encoder self-attention only) with gates and pruning.
+    """Drop-in for ``BertSelfAttention`` (encoder self-attention only) with gates and pruning,
+    the output projection (``BertSelfOutput.dense``, passed in) included.
 
-    ``num_heads`` heads are physically present; ``active_heads`` (a prefix) run in forward.
+    ``num_heads`` heads are physically present; ``active_heads`` (a prefix) run in forward. The
+    ``query``/``key``/``value`` layers stay as they are (pretrained weights and state-dict keys
+    unchanged); :func:`~budgeted_attention.model.heads.attend` runs on their per-head interleaved
+    copy (:meth:`weights`).
     """
 
     def __init__(self, source: nn.Module) -> None:
@@ -97,123 +85,32 @@ class GatedBertSelfAttention(nn.Module):
         self.query, self.key, self.value = source.query, source.key, source.value
         self.dropout_p = source.dropout.p
         self.scaling = source.scaling
-        # Set by GatedBertClassifier per forward: float gates (active_heads,) or (batch, active_heads);
-        # or a boolean (batch, active_heads) per-input selection (computed per group of inputs).
-        self.head_gates: torch.Tensor | None = None
-        # A single selected head set (1-D long positions) for the whole batch: gathered weights.
-        self.head_index: torch.Tensor | None = None
-        # Without autograd: that set's (q, k, v weights and biases), from the cache.
-        self.gathered: tuple[torch.Tensor, ...] | None = None
-        self.gather_cache = GatherCache()
+        self._fused = GatherCache(max_bytes=2**62)  # the interleaved copy, once per weights version (inference)
+        self._gathered = GatherCache()  # gathered weights of per-input head sets, inference only
 
-    def select_heads(self, heads: tuple[int, ...], output_dense: PrefixInputLinear) -> None:
-        """Run only the physical heads ``heads`` in the next forward pass, here and in
-        ``output_dense``. Without autograd the gathered weights come from a cache per head set
-        (the gather is a copy per call, a large part of a small model's batch-1 forward)."""
-        index = torch.tensor(heads, dtype=torch.long, device=self.query.weight.device)
-        self.head_index = index
-        if torch.is_grad_enabled():
-            output_dense.input_index = self._rows(index)
-            return
-        sources = (self.query.weight, self.query.bias, self.key.weight, self.key.bias, self.value.weight, self.value.bias, output_dense.weight)
+    def weights(self, output_dense: nn.Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(qkv_weight, qkv_bias, out_weight_t) of every stored head in the interleaved layout of
+        :mod:`~budgeted_attention.model.heads`: the Q/K/V weights copied (with autograd on every
+        call, so gradients reach the three layers; without, once while the weights are
+        unchanged) and ``output_dense``'s weight as a transposed view."""
+        linears = self.query, self.key, self.value
+        sources = (*(t for linear in linears for t in (linear.weight, linear.bias)), output_dense.weight)
 
-        def gather() -> tuple[torch.Tensor, ...]:
-            rows = self._rows(index)
-            projections = [t.index_select(0, rows) for t in sources[:6]]
-            return (*projections, output_dense.weight.index_select(1, rows))
+        def build() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            weight = interleave_qkv(*(linear.weight for linear in linears), self.head_dim)
+            return weight, interleave_qkv(*(linear.bias for linear in linears), self.head_dim), output_dense.weight.t()
 
-        *projections, output_dense.input_weight = self.gather_cache.get(heads, sources, gather)
-        self.gathered = tuple(projections)
+        return build() if torch.is_grad_enabled() else self._fused.get((), sources, build)
 
-    def clear_selection(self, output_dense: PrefixInputLinear) -> None:
-        self.head_gates = self.head_index = self.gathered = None
-        output_dense.input_index = output_dense.input_weight = None
-
-    def _project(self, linear: nn.Linear, x: torch.Tensor, width: int, rows: torch.Tensor | None = None) -> torch.Tensor:
-        if rows is not None:
-            return F.linear(x, linear.weight.index_select(0, rows), linear.bias.index_select(0, rows))
-        if width == linear.out_features:
-            return linear(x)
-        return F.linear(x, linear.weight[:width], linear.bias[:width])
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **_: object):
-        if self.head_index is not None:
-            return self._context(hidden_states, attention_mask, self.head_index), None
-        if self.head_gates is not None and self.head_gates.dtype == torch.bool:
-            return self._selected_context(hidden_states, attention_mask, self.head_gates), None
-        return self._context(hidden_states, attention_mask, None, self.head_gates), None
-
-    def _rows(self, heads: torch.Tensor) -> torch.Tensor:
-        """Projection rows (= output-projection columns) of the physical heads ``heads``."""
-        hd = self.head_dim
-        return (heads.view(-1, 1) * hd + torch.arange(hd, device=heads.device)).flatten()
-
-    def _context(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, heads: torch.Tensor | None,
-        gates: torch.Tensor | None = None,
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, selection: LayerSelection, output_dense: nn.Linear
     ) -> torch.Tensor:
-        """(batch, seq, n * head_dim) context of the active prefix (``heads`` None) or of the heads at
-        positions ``heads``."""
-        batch, seq, _ = hidden_states.shape
-        n, hd = (self.active_heads if heads is None else int(heads.numel())), self.head_dim
-        if n == 0:
-            return hidden_states.new_zeros(batch, seq, 0)
-        if heads is not None and self.gathered is not None:
-            qw, qb, kw, kb, vw, vb = self.gathered
-            q, k, v = (F.linear(hidden_states, w, b) for w, b in ((qw, qb), (kw, kb), (vw, vb)))
-        else:
-            rows = None if heads is None else self._rows(heads)
-            q, k, v = (self._project(linear, hidden_states, n * hd, rows) for linear in (self.query, self.key, self.value))
-        q, k, v = (t.view(batch, seq, n, hd).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attention_mask, dropout_p=self.dropout_p if self.training else 0.0, scale=self.scaling
-        )  # (B, n, T, hd)
-        if gates is not None:
-            y = y * gates.to(y.dtype).view(-1, n, 1, 1)
-        return y.transpose(1, 2).reshape(batch, seq, n * hd)
-
-    def _selected_context(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, selected: torch.Tensor) -> torch.Tensor:
-        """Per-input head sets: each group of inputs sharing a set computes its heads only; the
-        context is scattered into the full active width (zeros for unselected heads), because the
-        output projection runs once for the whole batch."""
-        batch, seq, _ = hidden_states.shape
-        hd = self.head_dim
-        out = hidden_states.new_zeros(batch, seq, self.active_heads * hd)
-        patterns, inverse = torch.unique(selected, dim=0, return_inverse=True)
-        if patterns.shape[0] > self.active_heads:  # more head sets than heads: fewer, larger calls per head
-            return self._per_head_context(hidden_states, attention_mask, selected, out)
-        for group, pattern in enumerate(patterns):
-            heads = pattern.nonzero().flatten()
-            if heads.numel() == 0:
-                continue
-            rows = (inverse == group).nonzero().flatten()
-            mask = None if attention_mask is None else attention_mask.index_select(0, rows)
-            context = self._context(hidden_states.index_select(0, rows), mask, heads)
-            positions = torch.arange(seq, device=hidden_states.device)
-            out.index_put_((rows.view(-1, 1, 1), positions.view(1, -1, 1), self._rows(heads).view(1, 1, -1)), context)
-        return out
-
-    def _per_head_context(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, selected: torch.Tensor, out: torch.Tensor
-    ) -> torch.Tensor:
-        """Per-input head sets computed head by head into ``out`` (batch, seq, active_heads * hd),
-        zeros: head h runs on the inputs that selected it, from its contiguous q/k/v rows (views)."""
-        hd = self.head_dim
-        for head, chosen in enumerate(selected.t().tolist()):
-            rows = [i for i, on in enumerate(chosen) if on]
-            if not rows:
-                continue
-            index = torch.tensor(rows, dtype=torch.long, device=hidden_states.device)
-            x = hidden_states.index_select(0, index)
-            mask = None if attention_mask is None else attention_mask.index_select(0, index)
-            span = slice(head * hd, (head + 1) * hd)
-            q, k, v = (
-                F.linear(x, linear.weight[span], linear.bias[span]).view(len(rows), -1, 1, hd).transpose(1, 2)
-                for linear in (self.query, self.key, self.value)
-            )
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # (rows, 1, T, hd)
-            out[index, :, span] = y.squeeze(1)
-        return out
+        """(batch, seq, d) -> (batch, seq, d): the heads ``selection`` names, projected by
+        ``output_dense`` (bias included); ``attention_mask``: None or boolean (batch, 1, 1, seq)."""
+        return attend_selection(
+            hidden_states, self.weights(output_dense), output_dense.bias, self.head_dim, self.active_heads, selection,
+            mask=attention_mask, scale=self.scaling, dropout=self.dropout_p if self.training else 0.0, cache=self._gathered,
+        )
 
     @torch.no_grad()
     def keep_heads(self, positions: list[int], output_dense: nn.Linear) -> None:
@@ -233,7 +130,7 @@ class GatedBertIntermediate(nn.Module):
     """Drop-in for ``BertIntermediate`` (dense + activation) with gates over neuron groups and
     prefix slicing; the weights stay ``intermediate.dense`` so checkpoints load unchanged.
 
-    Width 0 returns a (batch, seq, 0) tensor, so ``output.dense`` contributes only its bias.
+    Width 0 returns a (batch, seq, 0) tensor: the FFN then contributes ``output.dense``'s bias only.
     """
 
     def __init__(self, source: nn.Module, group_size: int) -> None:
@@ -242,9 +139,9 @@ class GatedBertIntermediate(nn.Module):
         self.intermediate_act_fn = source.intermediate_act_fn
         self.group_size = group_size
         self.active_width = self.dense.out_features
-        self.group_gates: torch.Tensor | None = None  # (active groups,), set by GatedBertClassifier per forward
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, group_gates: torch.Tensor | None = None) -> torch.Tensor:
+        """(batch, seq, d) -> (batch, seq, active width); ``group_gates``: (active groups,) or None."""
         width = self.active_width
         if width == 0:
             return hidden_states.new_zeros(*hidden_states.shape[:-1], 0)
@@ -252,8 +149,8 @@ class GatedBertIntermediate(nn.Module):
             h = self.intermediate_act_fn(self.dense(hidden_states))
         else:
             h = self.intermediate_act_fn(F.linear(hidden_states, self.dense.weight[:width], self.dense.bias[:width]))
-        if self.group_gates is not None:
-            h = h * self.group_gates.to(h.dtype).repeat_interleave(self.group_size)
+        if group_gates is not None:
+            h = h * group_gates.to(h.dtype).repeat_interleave(self.group_size)
         return h
 
     @torch.no_grad()
@@ -292,19 +189,19 @@ class GatedBertClassifier(GatedModel):
         self.hf = hf_model
         cfg = hf_model.config
         self.attentions: list[GatedBertSelfAttention] = []
-        self.output_denses: list[PrefixInputLinear] = []
+        self.output_denses: list[nn.Linear] = []
         self.intermediates: list[GatedBertIntermediate] = []
-        self.ffn_output_denses: list[PrefixInputLinear] = []
+        self.ffn_output_denses: list[nn.Linear] = []
         for layer in encoder_layers(hf_model):
             if not isinstance(self_attention(layer), GatedBertSelfAttention):
                 set_self_attention(layer, GatedBertSelfAttention(self_attention(layer)))
             self.attentions.append(self_attention(layer))
-            self.output_denses.append(PrefixInputLinear.from_linear(attention_output_dense(layer)))
+            self.output_denses.append(attention_output_dense(layer))
             if ffn_group_size > 0:
                 if not isinstance(intermediate(layer), GatedBertIntermediate):
                     set_intermediate(layer, GatedBertIntermediate(intermediate(layer), ffn_group_size))
                 self.intermediates.append(intermediate(layer))
-                self.ffn_output_denses.append(PrefixInputLinear.from_linear(ffn_output_dense(layer)))
+                self.ffn_output_denses.append(ffn_output_dense(layer))
         self._init_heads(
             cfg.num_hidden_layers, cfg.num_attention_heads, ffn_width=cfg.intermediate_size, group_size=ffn_group_size
         )
@@ -329,28 +226,26 @@ class GatedBertClassifier(GatedModel):
             token_type_ids: optional (batch, seq) segment ids (sentence pairs).
             budget: budget in (0, 1]; gates: explicit full-grid gates (tensor or :class:`UnitGates`).
         """
-        budget, gates = self.routed_gates(input_ids, attention_mask, budget, gates)
-        head_gates, group_gates = self.layer_unit_gates(budget, gates)
-        try:  # the per-forward selections are cleared in `finally`, also when setting them fails
-            for layer, (attention, dense) in enumerate(zip(self.attentions, self.output_denses)):
-                layer_gates = None if head_gates is None else head_gates[layer]
-                if isinstance(layer_gates, tuple):  # one input's head set (HeadSets): gather, compute it only
-                    attention.select_heads(layer_gates, dense)
-                    continue
-                if layer_gates is not None and layer_gates.dtype == torch.bool:
-                    patterns = layer_gates if layer_gates.shape[0] == 1 else torch.unique(layer_gates, dim=0)
-                    if patterns.shape[0] == 1:  # one head set for the whole batch: gather, compute it only
-                        attention.select_heads(tuple(h for h, on in enumerate(patterns[0].tolist()) if on), dense)
-                        continue
-                attention.head_gates = layer_gates
-            for layer, module in enumerate(self.intermediates):
-                module.group_gates = None if group_gates is None else group_gates[layer]
-            return self.hf(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
-        finally:
-            for attention, dense in zip(self.attentions, self.output_denses):
-                attention.clear_selection(dense)
-            for module in self.intermediates:
-                module.group_gates = None
+        selections = self.layer_selections(input_ids, attention_mask, budget, gates)
+        base = base_model(self.hf)
+        x = base.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+        project = getattr(base, "embeddings_project", None)  # ELECTRA: embedding width -> hidden width
+        if project is not None:
+            x = project(x)
+        mask = None  # SDPA runs its unmasked kernel when nothing is padded, as transformers does
+        if attention_mask is not None and needs_mask(attention_mask):
+            mask = attention_mask.to(device=input_ids.device, dtype=torch.bool).view(input_ids.shape[0], 1, 1, -1)
+        for layer, attention, selection in zip(encoder_layers(self.hf), self.attentions, selections):
+            output = layer.attention.output
+            x = output.LayerNorm(output.dropout(attention(x, mask, selection, output.dense)) + x)
+            inner = intermediate(layer)
+            h = inner(x) if selection.ffn is None else inner(x, selection.ffn)
+            output = layer.output
+            x = output.LayerNorm(output.dropout(_prefix_linear(output.dense, h)) + x)
+        pooler = getattr(base, "pooler", None)  # BERT classifies the pooled first token; the others their hidden states
+        if pooler is not None:
+            return self.hf.classifier(self.hf.dropout(pooler(x)))
+        return self.hf.classifier(x)
 
     # ------------------------------------------------------------------ family hooks
 
@@ -364,27 +259,23 @@ class GatedBertClassifier(GatedModel):
     def _physical_keep(self, positions: list[list[int]]) -> None:
         for attention, dense, layer_positions in zip(self.attentions, self.output_denses, positions):
             attention.keep_heads(list(layer_positions), dense)
-            dense.active_in = None
 
     def _set_active(self, counts: list[int]) -> None:
-        for attention, dense, count in zip(self.attentions, self.output_denses, counts):
+        for attention, count in zip(self.attentions, counts):
             attention.active_heads = count
-            dense.active_in = count * attention.head_dim
 
     def _physical_keep_ffn(self, positions: list[list[int]]) -> None:
         gs = self.group_size
         for module, dense, layer_positions in zip(self.intermediates, self.ffn_output_denses, positions):
             module.keep_neurons([p * gs + i for p in layer_positions for i in range(gs)], dense)
-            dense.active_in = None
 
     def _set_active_ffn(self, counts: list[int]) -> None:
-        for module, dense, count in zip(self.intermediates, self.ffn_output_denses, counts):
-            module.active_width = dense.active_in = count * self.group_size
+        for module, count in zip(self.intermediates, counts):
+            module.active_width = count * self.group_size
 
     def _permute_ffn(self, orders: list[list[int]]) -> None:
         for module, dense, order in zip(self.intermediates, self.ffn_output_denses, orders):
             module.keep_neurons(order, dense)
-            dense.active_in = None
 
     def ffn_widths(self) -> list[int]:
         return [intermediate(layer).dense.out_features for layer in encoder_layers(self.hf)]
@@ -431,14 +322,15 @@ class GatedBertClassifier(GatedModel):
 
 
 class _UngatedCopy(nn.Module):
-    """Our BERT module on its dense path (no gate code): the like-for-like timing reference."""
+    """A copy of our BERT model on its dense path (no gates, no router): the like-for-like timing reference."""
 
     def __init__(self, model: GatedBertClassifier) -> None:
         super().__init__()
-        self.hf = copy.deepcopy(model.hf).eval()
+        self.model = copy.deepcopy(model).eval()
+        self.model.router = None
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None):
-        return self.hf(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+        return self.model(input_ids, attention_mask, token_type_ids)
 
 
 class _TransformersCall(nn.Module):

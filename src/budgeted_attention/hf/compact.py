@@ -79,17 +79,13 @@ class _CompactLayer(LeanLayer):
     def __init__(self, layer: nn.Module, attention: nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
         n, hd = attention.num_heads, attention.head_dim
-        width = n * hd
         # Stored heads / neurons, and the prefix of them that runs (instant switching: a view).
         self.stored_heads, self.n_heads, self.head_dim, self.scaling = n, attention.active_heads, hd, attention.scaling
-        q, k, v = (getattr(attention, name) for name in ("query", "key", "value"))
-        d = q.weight.shape[1]
-        # (n, 3, hd, d) -> rows [q_h; k_h; v_h] per head h (stack copies once).
-        weight = torch.stack([t.weight.detach().reshape(n, hd, d) for t in (q, k, v)], dim=1)
-        bias = torch.stack([t.bias.detach().reshape(n, hd) for t in (q, k, v)], dim=1)
-        keep(self, "qkv_weight", weight.reshape(3 * width, d))
-        keep(self, "qkv_bias", bias.reshape(3 * width))
         out = layer.attention.output
+        with torch.no_grad():  # rows [q_h; k_h; v_h] per head h, the copy the module tree runs on
+            qkv_weight, qkv_bias, _ = attention.weights(out.dense)
+        keep(self, "qkv_weight", qkv_weight)
+        keep(self, "qkv_bias", qkv_bias)
         keep(self, "out_weight_t", out.dense.weight.detach().t().contiguous())  # (width, d)
         keep(self, "out_bias", out.dense.bias.detach())
         keep(self, "ln_attn_weight", out.LayerNorm.weight.detach())

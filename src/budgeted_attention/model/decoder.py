@@ -86,7 +86,7 @@ class CausalLM(BlockStack):
         Returns:
             (batch, seq, vocab_size) logits; position t predicts token t + 1.
         """
-        x = self._hidden_states(input_ids, token_type_ids, None, budget, gates)
+        x = self._hidden_states(input_ids, token_type_ids, None, self.layer_selections(input_ids, None, budget, gates))
         return F.linear(x, self.token_embedding.weight)
 
     def cost_model(self, seq_len: int) -> DecoderCostModel:

@@ -28,7 +28,7 @@ from torch import nn
 
 from budgeted_attention.budget import validate_budget
 from budgeted_attention.model.cost import CostModel
-from budgeted_attention.model.gates import BudgetGates, HeadSets, UnitGates, as_unit_gates, identity_head_ids, validate_head_ids
+from budgeted_attention.model.gates import DENSE, BudgetGates, LayerSelection, UnitGates, identity_head_ids, validate_head_ids
 from budgeted_attention.model.router import HeadRouter, RouterConfig, pooled_embeddings
 
 
@@ -46,7 +46,7 @@ class GatedModel(nn.Module):
     """
 
     family: ClassVar[str] = ""
-    # Families whose forward pass consults a per-input head router (:meth:`routed_gates`).
+    # Families whose forward pass consults a per-input head router (:meth:`layer_selections`).
     supports_routing: ClassVar[bool] = False
 
     def _init_heads(
@@ -172,56 +172,62 @@ class GatedModel(nn.Module):
             if tuple(gates.ffn.shape) != (self.n_layers, self.n_groups):
                 raise ValueError(f"FFN gates must have the full-grid shape ({self.n_layers}, {self.n_groups}), got {tuple(gates.ffn.shape)}")
 
-    def layer_unit_gates(
-        self, budget: float | None = None, gates: torch.Tensor | UnitGates | HeadSets | None = None
-    ) -> tuple[list[torch.Tensor] | list[tuple[int, ...]] | None, list[torch.Tensor] | None]:
-        """Per layer, the gates of the active physical heads and FFN groups (re-indexed).
+    def layer_selections(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        budget: float | None = None,
+        gates: torch.Tensor | UnitGates | None = None,
+    ) -> list[LayerSelection]:
+        """What each layer runs in this forward pass (one :class:`LayerSelection` per layer).
 
         Args:
+            input_ids, attention_mask: the batch (a per-input router pools them).
             budget: budget in (0, 1]; b = 1 is the ungated dense path.
-            gates: explicit full-grid gates (overrides ``budget``): a (n_layers, n_heads) tensor
-                (heads only, FFN ungated) or :class:`UnitGates`; or :class:`HeadSets` (one head set
-                per layer for the whole batch).
+            gates: explicit full-grid gates (overrides ``budget`` and the router):
+                :class:`UnitGates`, or a bare (n_layers, n_heads) or per-input
+                (batch, n_layers, n_heads) tensor of head gates (the FFN ungated).
 
         Returns:
-            (head gates, FFN group gates): each None (ungated) or one tensor per layer of shape
-            (active heads,) / (active groups,); for :class:`HeadSets`, per layer the physical
-            positions of its heads (a tuple) and no FFN gates.
+            Per layer, the gates of the active physical heads and FFN groups (re-indexed to the
+            stored layout), or the router's choice: soft per-input gates in training, a
+            per-input hard selection for a batch, one head set per layer for one input.
         """
-        if isinstance(gates, HeadSets):
-            return self.head_positions(gates), None
-        explicit = as_unit_gates(gates)
-        if explicit is not None:
-            self._check_gates(explicit)
-            device = self.gates.bias.device  # masks built on the CPU (rankings) follow the model to a GPU
-            if explicit.heads.device != device:
-                explicit = UnitGates(explicit.heads.to(device), None if explicit.ffn is None else explicit.ffn.to(device))
-            resolved: UnitGates | None = explicit
+        if gates is None and self.router is not None:
+            return self._routed_selections(input_ids, attention_mask, budget)
+        if isinstance(gates, torch.Tensor):  # the public call's bare head gates: the one conversion
+            gates = UnitGates(gates)
+        if gates is not None:
+            self._check_gates(gates)
+            # masks built on the CPU (rankings) follow the model to a GPU
+            resolved: UnitGates | None = gates.map(lambda t: t.to(self.gates.bias.device))
         elif budget is None or validate_budget(budget) == 1.0:
             resolved = None  # g(1) = 1 for every unit: b = 1 is the dense model, no gate code
         else:
             resolved = self.unit_gates(budget)
         if resolved is None:
-            return None, None
+            return [DENSE] * self.n_layers
         if self._gate_index is None:
             self._gate_index = [torch.tensor(ids, dtype=torch.long) for ids in self.active_head_ids()]
             self._identity = self.active_head_ids() == identity_head_ids(self.n_layers, self.n_heads)
             self._group_index = [torch.tensor(ids, dtype=torch.long) for ids in self.active_group_ids()]
             self._group_identity = self.active_group_ids() == identity_head_ids(self.n_layers, self.n_groups)
         heads = self._reindex(resolved.heads, self._gate_index, self._identity)
-        ffn = None if resolved.ffn is None else self._reindex(resolved.ffn, self._group_index, self._group_identity)
-        return heads, ffn
+        if resolved.ffn is None:
+            return [LayerSelection(gates=g) for g in heads]
+        ffn = self._reindex(resolved.ffn, self._group_index, self._group_identity)
+        return [LayerSelection(gates=g, ffn=f) for g, f in zip(heads, ffn)]
 
-    def head_positions(self, selection: HeadSets) -> list[tuple[int, ...]]:
-        """Per layer, the physical positions (ascending) of the head ids in ``selection``."""
-        if len(selection.sets) != self.n_layers:
-            raise ValueError(f"head sets must give one set per layer ({self.n_layers}), got {len(selection.sets)}")
+    def head_positions(self, sets: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Per layer, the physical positions (ascending) of the head ids in ``sets`` (one set per layer)."""
+        if len(sets) != self.n_layers:
+            raise ValueError(f"head sets must give one set per layer ({self.n_layers}), got {len(sets)}")
         if self._position_of is None:
             self._position_of = [{head: pos for pos, head in enumerate(ids)} for ids in self.active_head_ids()]
-        if any(len(set(heads)) != len(heads) for heads in selection.sets):
-            raise ValueError(f"head sets must not repeat a head, got {selection.sets}")
+        if any(len(set(heads)) != len(heads) for heads in sets):
+            raise ValueError(f"head sets must not repeat a head, got {sets}")
         try:
-            return [tuple(sorted(where[h] for h in heads)) for where, heads in zip(self._position_of, selection.sets)]
+            return [tuple(sorted(where[h] for h in heads)) for where, heads in zip(self._position_of, sets)]
         except KeyError as exc:
             raise ValueError(f"head set names head {exc.args[0]}, which this model does not run") from None
 
@@ -236,10 +242,6 @@ class GatedModel(nn.Module):
         if identity:
             return list(matrix.unbind(0))
         return [matrix[layer].index_select(0, ids.to(matrix.device)) for layer, ids in enumerate(index)]
-
-    def layer_gates(self, budget: float | None = None, gates: torch.Tensor | UnitGates | None = None) -> list[torch.Tensor] | None:
-        """Per layer, the gates of the active physical heads only (see :meth:`layer_unit_gates`)."""
-        return self.layer_unit_gates(budget, gates)[0]
 
     def full_grid_mask(self) -> torch.Tensor:
         """(n_layers, n_heads) 0/1 mask of the heads the forward pass runs."""
@@ -272,27 +274,21 @@ class GatedModel(nn.Module):
         self.router = router.to(device).train(self.training)  # a router attached to an eval model decides hard
         return self.router
 
-    def routed_gates(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        budget: float | None,
-        gates: torch.Tensor | UnitGates | None,
-    ) -> tuple[float | None, torch.Tensor | UnitGates | HeadSets | None]:
-        """The (budget, gates) a family's forward pass uses: unchanged without a router or with
-        explicit gates; otherwise the router's per-input gates (batch, n_layers, n_heads) (boolean in
-        eval mode: only the selected heads are computed) and no budget; for one input in eval
-        mode, its :class:`HeadSets`. A capped router at b = 1 is the dense model."""
-        if self.router is None or gates is not None:
-            return budget, gates
+    def _routed_selections(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, budget: float | None
+    ) -> list[LayerSelection]:
+        """The router's choice as per-layer selections (see :meth:`layer_selections`). A capped
+        router at b = 1 is the dense model."""
         if self.is_pruned or self._active != self.heads_per_layer:
             raise ValueError("a model with a head router must keep and run every head (no surgery, no slicing): the router picks per input")
         if self.router.cfg.mode == "capped" and (budget is None or validate_budget(budget) == 1.0):
-            return None, None
+            return [DENSE] * self.n_layers
         pooled = pooled_embeddings(self.input_embedding(), input_ids, attention_mask)
-        if input_ids.shape[0] == 1 and not self.router.training:
-            return None, HeadSets(tuple(self.router.decide_sets(pooled, budget)))
-        return None, self.router.decide(pooled, budget)
+        if self.router.training:  # soft (or straight-through) per-input gates, (batch, n_layers, n_heads)
+            return [LayerSelection(gates=g) for g in self.router.decide(pooled, budget).unbind(1)]
+        if input_ids.shape[0] == 1:
+            return [LayerSelection(heads=h) for h in self.head_positions(self.router.decide_sets(pooled, budget))]
+        return [LayerSelection(chosen=c) for c in self.router.decide(pooled, budget).unbind(1)]
 
     def input_embedding(self) -> nn.Embedding:  # pragma: no cover - abstract
         """Family hook: the token embedding table (the router pools it over the input)."""

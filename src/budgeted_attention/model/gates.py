@@ -95,20 +95,27 @@ class UnitGates:
 
 
 @dataclass(frozen=True)
-class HeadSets:
-    """One head set per layer for a whole batch (a per-input router's decision for one input):
-    ``sets[l]`` holds the head ids layer l runs. The forward pass computes those heads only, from
-    weights gathered once per set; no mask tensor is built (at batch 1 its small ops cost more
-    than the decision)."""
+class LayerSelection:
+    """What one layer runs in one forward pass, passed down to its attention and FFN.
 
-    sets: tuple[tuple[int, ...], ...]
+    The kind is the field that is set (at most one of the three head fields; none: every active
+    head, ungated, the dense path):
+
+    * ``gates``: soft gates of the active heads, (active,) or per input (batch, active);
+    * ``chosen``: a per-input hard selection, (batch, active) boolean: only the chosen heads are
+      computed (inputs grouped by head set), a per-input router's decision for a batch;
+    * ``heads``: the stored positions (ascending) the whole batch runs, one input's decision.
+
+    ``ffn``: gates of the active FFN groups, (active groups,), or None (ungated).
+    """
+
+    gates: torch.Tensor | None = None
+    chosen: torch.Tensor | None = None
+    heads: tuple[int, ...] | None = None
+    ffn: torch.Tensor | None = None
 
 
-def as_unit_gates(gates: torch.Tensor | UnitGates | None) -> UnitGates | None:
-    """A bare (n_layers, n_heads) tensor means head gates with the FFN ungated."""
-    if gates is None or isinstance(gates, UnitGates):
-        return gates
-    return UnitGates(gates, None)
+DENSE = LayerSelection()
 
 
 def identity_head_ids(n_layers: int, n_heads: int) -> list[list[int]]:

@@ -90,17 +90,3 @@ class GatherCache:
     def __deepcopy__(self, memo: dict) -> GatherCache:  # a copied model starts with an empty cache
         return GatherCache(self.max_bytes)
 
-
-def gather_heads(
-    qkv_weight: torch.Tensor, qkv_bias: torch.Tensor, out_weight_t: torch.Tensor, heads: torch.Tensor, head_dim: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The rows of the stored heads ``heads`` (1-D long positions), copied, from weights in the
-    per-head interleaved layout: ``qkv_weight`` (H * 3 * hd, d) with head h's rows
-    ``[q_h; k_h; v_h]``, ``qkv_bias`` (H * 3 * hd,), ``out_weight_t`` (H * hd, d_out)."""
-    n, d = int(heads.numel()), qkv_weight.shape[1]
-    stored = qkv_weight.shape[0] // (3 * head_dim)
-    return (
-        qkv_weight.view(stored, 3 * head_dim, d).index_select(0, heads).view(n * 3 * head_dim, d),
-        qkv_bias.view(stored, 3 * head_dim).index_select(0, heads).view(n * 3 * head_dim),
-        out_weight_t.view(stored, head_dim, -1).index_select(0, heads).view(n * head_dim, -1),
-    )

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from budgeted_attention.model.gathered import GatherCache, gather_heads
+from budgeted_attention.model.gathered import GatherCache
+from budgeted_attention.model.heads import attend
 
 
 def keep(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
@@ -61,53 +61,13 @@ class LeanLayer(nn.Module):
         self, h: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None, scale: float | None = None,
         heads: tuple[int, ...] | None = None,
     ) -> torch.Tensor:
-        """Self-attention of the running heads (at least one) over (batch * seq, d) states: one
-        Q/K/V ``addmm``, SDPA, the output ``addmm`` with its bias; (batch * seq, d).
-
-        ``heads``: None runs the active prefix; a head set (ascending stored positions, a
-        per-input router's choice for one input) runs those heads only: adjacent heads from views
-        of the stored rows; any other set from its weight rows gathered once and cached while
-        the weights are unchanged, or, once the cache is full, run by run of adjacent heads
-        from views (:meth:`_attend_runs`): re-gathering a large model's sets on every call
-        would copy more weight memory than the removed heads saved."""
-        n, hd = self.running_heads(heads), self.head_dim
-        qkv_weight, qkv_bias, out_weight_t = self.qkv_weight, self.qkv_bias, self.out_weight_t
-        first = 0 if heads is None else heads[0]
-        if heads is not None and heads[-1] - first + 1 != n:  # not one run of adjacent heads
-            sources = (qkv_weight, qkv_bias, out_weight_t)
-            entry = self._gathered.lookup(heads, sources)
-            if entry is None:
-                if not self._gathered.room_for(n * hd * (4 * qkv_weight.shape[1] + 3) * qkv_weight.element_size()):
-                    return self._attend_runs(h, batch, seq, mask, scale, heads)
-                index = torch.tensor(heads, dtype=torch.long, device=qkv_weight.device)
-                entry = gather_heads(qkv_weight, qkv_bias, out_weight_t, index, hd)
-                self._gathered.put(heads, sources, entry)
-            qkv_weight, qkv_bias, out_weight_t = entry
-        elif n != self.stored_heads:  # a run of adjacent heads (a prefix, say): contiguous views in this layout
-            rows = slice(3 * first * hd, 3 * (first + n) * hd)
-            qkv_weight, qkv_bias, out_weight_t = qkv_weight[rows], qkv_bias[rows], out_weight_t[first * hd : (first + n) * hd]
-        q, k, v = torch.addmm(qkv_bias, h, qkv_weight.t()).view(batch, seq, n, 3, hd).permute(3, 0, 2, 1, 4).unbind(0)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, n, T, hd)
-        return torch.addmm(self.out_bias, y.transpose(1, 2).reshape(batch * seq, n * hd), out_weight_t)
-
-    def _attend_runs(
-        self, h: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None, scale: float | None, heads: tuple[int, ...]
-    ) -> torch.Tensor:
-        """:meth:`attend` of a head set with gaps, without copying weights: one Q/K/V ``addmm`` per
-        run of adjacent heads (views of the stored rows), one SDPA over the concatenated heads,
-        and the output projection summed run by run (views of its rows)."""
-        hd, n = self.head_dim, len(heads)
-        runs = _runs(heads)
-        parts = [torch.addmm(self.qkv_bias[3 * a * hd : 3 * b * hd], h, self.qkv_weight[3 * a * hd : 3 * b * hd].t()) for a, b in runs]
-        q, k, v = torch.cat(parts, dim=1).view(batch, seq, n, 3, hd).permute(3, 0, 2, 1, 4).unbind(0)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(1, 2).reshape(batch * seq, n * hd)
-        out, column = None, 0
-        for a, b in runs:  # columns of y in set order: run after run
-            width = (b - a) * hd
-            rows = self.out_weight_t[a * hd : b * hd]
-            out = torch.addmm(self.out_bias, y[:, column : column + width], rows) if out is None else out.addmm_(y[:, column : column + width], rows)
-            column += width
-        return out
+        """Self-attention of the running heads (at least one) over (batch * seq, d) states through
+        :func:`~budgeted_attention.model.heads.attend`; (batch * seq, d). ``heads``: None runs the
+        active prefix; a head set (ascending stored positions, a per-input router's choice for one
+        input) runs those heads only."""
+        weights = self.qkv_weight, self.qkv_bias, self.out_weight_t
+        running = range(self.n_heads) if heads is None else heads
+        return attend(h, batch, seq, weights, self.out_bias, self.head_dim, running, mask=mask, scale=scale, cache=self._gathered)
 
     def feed_forward(self, h: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """The running FFN neurons (ffn_width > 0) over (batch * seq, d) states, second bias
@@ -125,17 +85,6 @@ class LeanLayer(nn.Module):
                 f"active heads {heads} / FFN neurons {ffn_width} outside the stored {self.stored_heads} / {self.stored_width}"
             )
         self.n_heads, self.ffn_width = heads, ffn_width
-
-
-def _runs(heads: tuple[int, ...]) -> list[tuple[int, int]]:
-    """Maximal runs of adjacent positions in ascending ``heads``, as [start, stop) pairs."""
-    runs, start = [], heads[0]
-    for previous, head in zip(heads, heads[1:]):
-        if head != previous + 1:
-            runs.append((start, previous + 1))
-            start = head
-    runs.append((start, heads[-1] + 1))
-    return runs
 
 
 class LeanCopy(nn.Module):

@@ -34,6 +34,8 @@ from torch import nn
 
 from budgeted_attention.model.attention import GatedSelfAttention
 from budgeted_attention.model.config import EXPERTS, MetaConfig
+from budgeted_attention.model.gates import DENSE, LayerSelection
+from budgeted_attention.model.heads import combine, head_rows, project
 
 
 def elu_feature(x: torch.Tensor) -> torch.Tensor:
@@ -158,15 +160,15 @@ class MetaSelfAttention(GatedSelfAttention):
         self.records: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self.flops = dict.fromkeys(EXPERTS, 0)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, head_gates: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T, d_model) -> (B, T, d_model); ``attn_mask``: None or (B, 1, 1, T) bool, True at real keys."""
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, selection: LayerSelection = DENSE) -> torch.Tensor:
+        """(B, T, d_model) -> (B, T, d_model); ``attn_mask``: None or (B, 1, 1, T) bool, True at real
+        keys; ``selection``: soft gates of the active heads (Meta-Attention runs a prefix of heads)."""
         n = self.active_heads
         batch, seq, _ = x.shape
         if n == 0:
             return self.out_bias.expand(batch, seq, self.d_model)
-        hd = self.head_dim
-        qkv = F.linear(x, self.qkv_weight[: n * 3 * hd], self.qkv_bias[: n * 3 * hd])
-        q, k, v = qkv.view(batch, seq, n, 3, hd).permute(3, 0, 2, 1, 4).unbind(0)  # (B, n, T, hd)
+        rows = head_rows(self.weights(), self.head_dim, range(n))
+        q, k, v = project(x, batch, seq, rows, self.head_dim)  # (B, n, T, hd)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         key_mask = None if attn_mask is None else attn_mask.view(batch, seq)
@@ -179,10 +181,7 @@ class MetaSelfAttention(GatedSelfAttention):
             y = self.hard(q, k, v, weights.argmax(dim=-1), key_mask)
         else:
             y = self.soft(q, k, v, weights, key_mask)
-        if head_gates is not None:
-            y = y * head_gates.to(y.dtype).view(1, n, 1, 1)
-        y = y.transpose(1, 2).reshape(batch * seq, n * hd)
-        return torch.addmm(self.out_bias, y, self.out_weight_t[: n * hd]).view(batch, seq, self.d_model)
+        return combine(y, rows, self.out_bias, selection.gates).view(batch, seq, self.d_model)
 
     def experts(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> list[torch.Tensor]:
         """Every expert's output at every position: three (B, n, T, hd) tensors."""

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from budgeted_attention.model.family import GatedModel
-from budgeted_attention.model.gates import HeadSets
 from budgeted_attention.model.lean import LeanFollower
 
 
@@ -91,10 +90,10 @@ class RoutedInference(nn.Module):
         """
         if input_ids.shape[0] != 1:
             raise ValueError(f"head_sets decides for one input, got a batch of {input_ids.shape[0]}")
-        padded = attention_mask is not None and not bool(attention_mask.all())
-        _, decision = self.model.routed_gates(input_ids, attention_mask if padded else None, budget, None)
-        if decision is None:  # a capped router at b = 1: the dense model
-            return None
-        if not isinstance(decision, HeadSets):
+        if self.model.router.training:
             raise ValueError("head sets are decided by a router in eval mode (call .eval() first)")
-        return self.model.head_positions(decision)
+        padded = attention_mask is not None and not bool(attention_mask.all())
+        selections = self.model.layer_selections(input_ids, attention_mask if padded else None, budget)
+        if selections[0].heads is None:  # a capped router at b = 1: the dense model
+            return None
+        return [selection.heads for selection in selections]

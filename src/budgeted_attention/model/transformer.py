@@ -16,7 +16,7 @@ from budgeted_attention.model.attention import GatedSelfAttention
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.family import GatedModel
-from budgeted_attention.model.gates import UnitGates
+from budgeted_attention.model.gates import DENSE, LayerSelection, UnitGates
 
 
 def sinusoidal_positions(max_len: int, d_model: int, amplitude: float = 0.5) -> torch.Tensor:
@@ -124,23 +124,18 @@ class EncoderBlock(nn.Module):
             if self.has_ffn:
                 self.ffn_gain = nn.Parameter(torch.ones(()))
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None,
-        head_gates: torch.Tensor | None,
-        group_gates: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, selection: LayerSelection = DENSE) -> torch.Tensor:
+        """(batch, seq, d_model) -> (batch, seq, d_model), running the heads and FFN groups ``selection`` names."""
         # A sub-layer without units adds only its output bias: skip its LayerNorm (whole-layer
         # skip when both are empty).
         if self.attn.active_heads == 0:
             y = self.attn.out_bias
         else:
-            y = self.attn(self.ln_attn(x), attn_mask, head_gates)
+            y = self.attn(self.ln_attn(x), attn_mask, selection)
             y = self.dropout(y) if self.training else y
         x = x + (self.attn_gain * y if self.residual_gate else y)
         if self.has_ffn:
-            y = self.ffn.fc2.bias if self.ffn.active_width == 0 else self.ffn(self.ln_ffn(x), group_gates)
+            y = self.ffn.fc2.bias if self.ffn.active_width == 0 else self.ffn(self.ln_ffn(x), selection.ffn)
             x = x + (self.ffn_gain * y if self.residual_gate else y)
         return x
 
@@ -171,12 +166,12 @@ class BlockStack(GatedModel):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None,
         sdpa_mask: torch.Tensor | None,
-        budget: float | None,
-        gates: torch.Tensor | UnitGates | None,
+        selections: list[LayerSelection],
     ) -> torch.Tensor:
         """Embeddings through every block and the final LayerNorm: (batch, seq) -> (batch, seq, d_model).
 
-        ``sdpa_mask``: None or boolean (batch, 1, 1, seq), True where keys may be attended.
+        ``sdpa_mask``: None or boolean (batch, 1, 1, seq), True where keys may be attended;
+        ``selections``: one per block (:meth:`GatedModel.layer_selections`).
         """
         seq = input_ids.shape[1]
         if seq > self.config.max_len:
@@ -188,13 +183,8 @@ class BlockStack(GatedModel):
             x = x + self.position_embedding(torch.arange(seq, device=input_ids.device))
         if self.training:
             x = self.embedding_dropout(x)
-        head_gates, group_gates = self.layer_unit_gates(budget, gates)
-        for layer, block in enumerate(self.blocks):
-            x = block(
-                x, sdpa_mask,
-                None if head_gates is None else head_gates[layer],
-                None if group_gates is None else group_gates[layer],
-            )
+        for block, selection in zip(self.blocks, selections):
+            x = block(x, sdpa_mask, selection)
         return self.ln_final(x)
 
     def _init_units(self, config: ModelConfig) -> None:
@@ -308,8 +298,8 @@ class EncoderClassifier(BlockStack):
         if attention_mask is not None and not bool(attention_mask.all()):
             sdpa_mask = attention_mask.bool().view(batch, 1, 1, seq)
         # Without padding the router pools without the mask's ops (the same numbers).
-        budget, gates = self.routed_gates(input_ids, None if sdpa_mask is None else attention_mask, budget, gates)
-        x = self._hidden_states(input_ids, token_type_ids, sdpa_mask, budget, gates)
+        selections = self.layer_selections(input_ids, None if sdpa_mask is None else attention_mask, budget, gates)
+        x = self._hidden_states(input_ids, token_type_ids, sdpa_mask, selections)
         return self.classifier(self.pool(x, attention_mask))
 
     def pool(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
