@@ -333,3 +333,13 @@ def test_bench_table_shows_lean_copy_columns_when_timed():
     assert "| lean dense ms | lean pruned ms | lean speedup | lean / ideal | lean vs transformers |" in timed
     assert "| 17.000 | 9.000 | 1.89x | 0.94 | 2.27x |" in timed
     assert "Lean: CompactBert" in timed
+
+
+def test_a_folder_without_results_is_refused_saying_what_is_missing(tmp_path):
+    from budgeted_attention.reporting.report import load_run
+    from budgeted_attention.rundir import RunDirError
+
+    with pytest.raises(RunDirError, match=rf"^'{tmp_path}' is not a run directory: no results.json \(run it to completion first\)$"):
+        load_run(tmp_path)
+    with pytest.raises(RunDirError, match=f"run directory not found: '{tmp_path / 'missing'}'"):
+        load_run(tmp_path / "missing")
