@@ -10,7 +10,7 @@ import torch
 
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.transformer import EncoderClassifier
-from budgeted_attention.recipes.experiment import Experiment, load_experiment_config
+from budgeted_attention.pipeline import Experiment, load_experiment_config
 
 
 def tiny_config(**overrides) -> ModelConfig:

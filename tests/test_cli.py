@@ -245,7 +245,7 @@ def test_threads_sets_torch_threads_for_the_run(monkeypatch):
     from budgeted_attention import cli
 
     seen = {}
-    monkeypatch.setattr("budgeted_attention.recipes.experiment.run_experiment", lambda *a, **k: seen.setdefault("threads", torch.get_num_threads()))
+    monkeypatch.setattr("budgeted_attention.pipeline.run_experiment", lambda *a, **k: seen.setdefault("threads", torch.get_num_threads()))
     before = torch.get_num_threads()
     try:
         assert cli.main(["experiment", "configs/synthetic.yaml", "--threads", "1"]) == 0

@@ -8,7 +8,7 @@ from budgeted_attention.data.text import TextDataConfig
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.recipes.demo import load_demo_config
-from budgeted_attention.recipes.experiment import ExperimentConfig as DemoConfig
+from budgeted_attention.pipeline import ExperimentConfig as DemoConfig
 
 
 def test_unknown_key_is_named():

@@ -202,7 +202,7 @@ def _set_threads(args: argparse.Namespace) -> None:
 
 
 def _cmd_experiment(args: argparse.Namespace) -> int:
-    from budgeted_attention.recipes.experiment import run_experiment
+    from budgeted_attention.pipeline import run_experiment
 
     _set_threads(args)
     run_experiment(
@@ -212,7 +212,7 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
 
 
 def _cmd_lm(args: argparse.Namespace) -> int:
-    from budgeted_attention.recipes.experiment import run_experiment
+    from budgeted_attention.pipeline import run_experiment
 
     _set_threads(args)
     run_experiment(

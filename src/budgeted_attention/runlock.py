@@ -14,7 +14,7 @@ which file to delete once that process is known to be gone.
 
 A clean release removes the file (and a directory the lock created and nothing else filled), so
 a finished run directory holds no ``.lock``. A process may take the lock of a directory it
-already holds again (nested writers, e.g. two :class:`~budgeted_attention.recipes.experiment.Experiment`
+already holds again (nested writers, e.g. two :class:`~budgeted_attention.pipeline.Experiment`
 objects on one run in one process); the file goes at the last release. Processes whose writes
 are disabled (the non-zero ranks of a torchrun job, :func:`budgeted_attention.io.set_writes_enabled`)
 take no lock: rank 0 writes for them.

@@ -7,7 +7,7 @@ pytest.importorskip("transformers", reason="transformers is not installed")
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors  # noqa: E402
 from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast  # noqa: E402
 
-from budgeted_attention.recipes.experiment import Experiment, load_experiment_config  # noqa: E402
+from budgeted_attention.pipeline import Experiment, load_experiment_config  # noqa: E402
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 

@@ -4,7 +4,7 @@ import pytest
 
 from budgeted_attention.cli import main
 from budgeted_attention.errors import ConfigError
-from budgeted_attention.recipes.experiment import Experiment, load_experiment_config
+from budgeted_attention.pipeline import Experiment, load_experiment_config
 from budgeted_attention.recipes.merge import run_merged
 from conftest import TINY_DATA_AND_MODEL
 

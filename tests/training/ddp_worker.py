@@ -74,9 +74,10 @@ TIMED: list[str] = []  # timing calls of this rank, by kind
 
 def experiment(config: str, out: Path) -> None:
     from budgeted_attention.benchmark import runner
-    from budgeted_attention.recipes import experiment as recipe
+    from budgeted_attention.pipeline import run_experiment
+    from budgeted_attention.pipeline.methods import hard, ladder, static
 
-    for module in (runner, recipe):  # count every timing call, wherever it is imported from
+    for module in (runner, hard, ladder, static):  # count every timing call, wherever it is imported from
         for name in ("bench_models", "bench_against_reference", "bench_ranking"):
             original = getattr(module, name, None)
             if original is not None and not hasattr(original, "counted"):
@@ -87,7 +88,7 @@ def experiment(config: str, out: Path) -> None:
 
                 counted.counted = True
                 setattr(module, name, counted)
-    recipe.run_experiment(config, str(out / "run"), progress=False)
+    run_experiment(config, str(out / "run"), progress=False)
 
 
 if __name__ == "__main__":

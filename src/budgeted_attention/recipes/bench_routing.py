@@ -22,7 +22,7 @@ def run_bench_routing(
     min_run_time: float, soft_loss: bool = True, progress: bool = True, log=print,
 ) -> dict[str, Any]:
     """Time and evaluate the run's routed model at ``seq_lens``; writes ``routing_bench.{json,md}``."""
-    from budgeted_attention.recipes.experiment import config_from_dict  # noqa: PLC0415
+    from budgeted_attention.pipeline import config_from_dict  # noqa: PLC0415
 
     run = RunDir.open(run_dir)
     cfg = config_from_dict(load_yaml(run.config))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from budgeted_attention.config import deep_merge, load_yaml
-from budgeted_attention.recipes.experiment import Experiment, ExperimentConfig, config_from_dict
+from budgeted_attention.pipeline import Experiment, ExperimentConfig, config_from_dict
 from budgeted_attention.training import distributed
 
 # The default demo (what `make demo` runs). b = 0.99 sits next to b = 1 to show there is no

@@ -4,8 +4,12 @@ from pathlib import Path
 import pytest
 
 from budgeted_attention.errors import CheckpointError, ConfigError
-from budgeted_attention.recipes import experiment as experiment_module
-from budgeted_attention.recipes.experiment import Experiment, load_experiment_config
+from budgeted_attention.pipeline import Experiment, context, load_experiment_config
+from budgeted_attention.pipeline.methods.budgeted import Budgeted
+from budgeted_attention.pipeline.methods.dense import Dense
+from budgeted_attention.pipeline.methods.hard import BudgetedHard
+from budgeted_attention.pipeline.methods.ladder import Ladder
+from budgeted_attention.pipeline.methods.static import Static
 from conftest import TINY_DATA_AND_MODEL
 
 LATENCY_FIELDS = {"latency_ms", "dense_latency_ms", "speedup", "bench_batch_size", "bench_seq_len", "threads", "bench_input"}
@@ -37,16 +41,16 @@ def test_interrupted_run_resumes_to_identical_results(tmp_path, monkeypatch):
     cfg = _config(tmp_path)
     Experiment(cfg, tmp_path / "straight", progress=False, log=lambda *_: None).run()
 
-    original = Experiment._static
+    original = Static.train
     calls = {"n": 0}
 
-    def crash_once(self, seed, budget):
+    def crash_once(self, ctx, unit):
         calls["n"] += 1
         if calls["n"] == 2:  # seed 1's static unit: seed 0's units are finished by then
             raise KeyboardInterrupt
-        return original(self, seed, budget)
+        return original(self, ctx, unit)
 
-    monkeypatch.setattr(Experiment, "_static", crash_once)
+    monkeypatch.setattr(Static, "train", crash_once)
     with pytest.raises(KeyboardInterrupt):
         Experiment(cfg, tmp_path / "resumed", progress=False, log=lambda *_: None).run()
     assert not (tmp_path / "resumed" / "results.json").exists()
@@ -55,7 +59,7 @@ def test_interrupted_run_resumes_to_identical_results(tmp_path, monkeypatch):
     static = [r for r in json.loads((tmp_path / "straight" / "results.json").read_text())["rows"] if r["method"] == "static"]
     assert static and all(r["speedup"] > 0 for r in static)  # timed by its own unit (bench-static-b0.5)
 
-    monkeypatch.setattr(Experiment, "_static", original)
+    monkeypatch.setattr(Static, "train", original)
     messages = []
     Experiment(cfg, tmp_path / "resumed", progress=False, log=messages.append).run()
     assert any("resuming" in str(m) for m in messages)
@@ -89,7 +93,7 @@ def test_config_errors_name_the_bad_value(tmp_path):
 
 
 def test_shipped_configs_parse():
-    root = Path(experiment_module.__file__).parents[3] / "configs"
+    root = Path(__file__).parents[2] / "configs"
     for name in ("synthetic", "ag_news", "dbpedia14", "bbc_short", "bbc_news", "minilm_bbc_short", "bert_mini_ag_news", "bert_mini_dbpedia14",
                  "bbc_short_all", "minilm_bbc_short_all"):
         cfg = load_experiment_config(str(root / f"{name}.yaml"))
@@ -116,7 +120,7 @@ def test_rows_record_steps_and_equal_step_controls(tmp_path):
     assert steps[("static", 0.5)] == train.dense_steps + path
     assert steps[("posthoc", 0.5)] == train.dense_steps
     assert steps[("posthoc-recovered", 0.5)] == train.dense_steps + train.recovery_steps
-    assert steps[("posthoc-recovered-1ep", 0.5)] == train.dense_steps + train.epoch_steps(len(experiment.splits.train))
+    assert steps[("posthoc-recovered-1ep", 0.5)] == train.dense_steps + train.epoch_steps(len(experiment.context.splits.train))
     kinds = {r["method"]: r["cost_kind"] for r in rows}
     assert kinds["budgeted"] == kinds["static-soft"] == "soft-estimate"
     assert kinds["static"] == kinds["budgeted-hard"] == kinds["posthoc"] == "kept-heads"
@@ -146,7 +150,7 @@ def test_test_split_is_read_only_in_final_evaluation(tmp_path, monkeypatch):
     from budgeted_attention.data.dataset import SealedSplit, TestSplitSealedError
 
     inside = {"depth": 0, "reads": 0}
-    original_evaluate = experiment_module.evaluate_model
+    original_evaluate = context.evaluate_model
     original_open = SealedSplit.final_evaluation
 
     def tracking_evaluate(*args, **kwargs):
@@ -161,7 +165,7 @@ def test_test_split_is_read_only_in_final_evaluation(tmp_path, monkeypatch):
         inside["reads"] += 1
         return original_open(self)
 
-    monkeypatch.setattr(experiment_module, "evaluate_model", tracking_evaluate)
+    monkeypatch.setattr(context, "evaluate_model", tracking_evaluate)
     monkeypatch.setattr(SealedSplit, "final_evaluation", guarded_open)
     cfg = _config(tmp_path)
     cfg.seeds = [0]
@@ -169,7 +173,7 @@ def test_test_split_is_read_only_in_final_evaluation(tmp_path, monkeypatch):
     experiment.run()
     assert inside["reads"] > 0
     with pytest.raises(TestSplitSealedError):  # any other read fails loudly
-        experiment.splits.test.labels
+        experiment.context.splits.test.labels
 
 
 def test_a_run_that_failed_validation_can_be_rerun_into_the_same_out(tmp_path):
@@ -225,7 +229,7 @@ def test_all_scope_pipeline_prunes_heads_and_ffn_and_benches_both_scopes(tmp_pat
     model, description = load_model(ckpt)
     ranking = load_ranking(ckpt, description, model)
     assert isinstance(ranking, UnitRanking)
-    costs = model.unit_costs(experiment.splits.seq_len)  # reference_seq_len 0: the data's padded length
+    costs = model.unit_costs(experiment.context.splits.seq_len)  # reference_seq_len 0: the data's padded length
     assert rank_units(model.unit_importance(), costs, cfg.min_one_per_layer) == ranking
 
 
@@ -346,8 +350,8 @@ def test_retime_times_the_saved_models_again_and_trains_nothing(tmp_path, monkey
     def no_training(*_args, **_kwargs):
         raise AssertionError("a retime must not train")
 
-    for trainer in ("_dense", "_budgeted", "_hard", "_ladder"):
-        monkeypatch.setattr(Experiment, trainer, no_training)
+    for method in (Dense, Budgeted, BudgetedHard, Ladder):
+        monkeypatch.setattr(method, "train", no_training)
     messages = []
     Experiment(cfg, out, progress=False, log=messages.append).run(retime=True)
     after = {p.name: p.read_text() for p in units.glob("*.json")}
@@ -365,7 +369,7 @@ def test_retime_times_the_saved_models_again_and_trains_nothing(tmp_path, monkey
     def broken_bench(*_args, **_kwargs):
         raise RuntimeError("timing failed")
 
-    monkeypatch.setattr(Experiment, "_bench_ladder", broken_bench)
+    monkeypatch.setattr(Ladder, "bench", broken_bench)
     with pytest.raises(RuntimeError, match="timing failed"):
         Experiment(cfg, out, progress=False, log=lambda *_: None).run(retime=True)
     assert (units / "bench-ladder-0.json").read_text() == retimed["bench-ladder-0.json"]  # kept, not deleted
@@ -378,10 +382,13 @@ def test_retime_times_the_saved_models_again_and_trains_nothing(tmp_path, monkey
 
 
 def test_split_off_timing_units_take_no_seed_index():
-    from budgeted_attention.recipes.experiment import seed_indices
+    from budgeted_attention.pipeline import Unit, UnitId, seed_indices
 
-    plan = [(0, "dense", None), (0, "static-b0.5", None), (0, "bench-static-b0.5", None), (0, "ladder-0", None),
-            (0, "bench-ladder-0", None), (0, "ladder-1", None), (1, "dense", None)]
+    def unit(kind, seed=0, seeded=True, **where):
+        return Unit(UnitId(kind, seed, **where), work=None, seeded=seeded)
+
+    plan = [unit("dense"), unit("static", budget=0.5), unit("bench-static", budget=0.5, seeded=False), unit("ladder", index=0),
+            unit("bench-ladder", index=0, seeded=False), unit("ladder", index=1), unit("dense", seed=1)]
     # The indices the units had before timing was split off: dense 0, static 1, ladder-0 2, ladder-1 3, seed 1's dense 4.
     assert seed_indices(plan) == [0, 1, 2, 2, 3, 3, 4]
 
@@ -403,7 +410,7 @@ def test_digest_of_configs_from_before_the_new_keys_is_unchanged(tmp_path):
     import hashlib
 
     from budgeted_attention.config import to_dict
-    from budgeted_attention.recipes.experiment import config_digest
+    from budgeted_attention.pipeline import config_digest
 
     path = tmp_path / "c.yaml"
     path.write_text(CONFIG)
@@ -432,8 +439,7 @@ def test_finished_only_writes_a_partial_run_marked_as_such(tmp_path):
     cfg.methods = ["dense", "budgeted"]
     out = tmp_path / "run"
     experiment = Experiment(cfg, out, progress=False, log=lambda *_: None)
-    seed, name, work = experiment.plan()[0]  # seed 0's dense model only
-    experiment._unit(seed, name, 0, work)
+    experiment.run_unit(experiment.plan()[0], 0)  # seed 0's dense model only
     Experiment(cfg, out, progress=False, log=lambda *_: None).run(finished_only=True)
     results = json.loads((out / "results.json").read_text())
     assert {r["method"] for r in results["rows"]} == {"dense"}
@@ -484,7 +490,7 @@ def test_unit_records_carry_the_config_digest_and_resume_refuses_another(tmp_pat
     import subprocess
     import sys
 
-    from budgeted_attention.recipes.experiment import UNIT_DIGEST_KEY, unit_config_digest
+    from budgeted_attention.pipeline import UNIT_DIGEST_KEY, unit_config_digest
 
     cfg = _config(tmp_path)
     cfg.seeds, cfg.methods = [0], ["dense"]

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from budgeted_attention.errors import ConfigError
-from budgeted_attention.recipes.experiment import Experiment, config_from_dict
+from budgeted_attention.pipeline import Experiment, config_from_dict
 from budgeted_attention.reporting.report import load_run, run_section
 
 LM = {

@@ -1,0 +1,50 @@
+"""``dense``: full attention, the warm start of every other method (early-stopped on validation
+accuracy when ``train.early_stopping_patience`` > 0).
+
+Under ``budget_scope: all`` its FFN neurons are then sorted by importance on the training split
+(function-preserving), so every method starts from the same sorted dense model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from budgeted_attention.checkpoint import save_model
+from budgeted_attention.pipeline.context import RunContext
+from budgeted_attention.pipeline.methods.base import Method, dense_row
+from budgeted_attention.pipeline.outputs import Collected
+from budgeted_attention.pipeline.units import Unit, UnitId
+from budgeted_attention.pruning.importance import sort_ffn_by_importance
+from budgeted_attention.training.stages import train_dense
+
+
+def dense_unit(seed: int) -> UnitId:
+    """The dense model of ``seed`` (the checkpoint the other methods start from)."""
+    return UnitId("dense", seed)
+
+
+class Dense(Method):
+    names = ("dense",)
+    requires = ()
+
+    def units(self, cfg, seed: int) -> list[Unit]:
+        return [Unit(dense_unit(seed), self.train, self.collect)]
+
+    def train(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
+        model = ctx.builder.create()
+        log = train_dense(model, ctx.splits.train, ctx.cfg.train, seed=unit.seed, progress=ctx.progress, val=ctx.splits.val, task=ctx.task)
+        if model.has_ffn_units:
+            # DynaBERT-style reordering on the TRAINING split: groups of consecutive neurons then
+            # hold neurons of similar importance, and the first groups the most important ones.
+            sort_ffn_by_importance(model, ctx.splits.train, batch_size=ctx.cfg.train.batch_size, task=ctx.task)
+        save_model(model, ctx.checkpoint(unit), artifacts_dir=ctx.run.path, method="dense", seed=unit.seed, steps=log.steps)
+        return {
+            "rows": [dense_row(ctx, "dense", model, unit.seed, log.steps)], "steps_run": log.steps_run, "val_history": log.val_history,
+            "loss_curve": log.loss_curve(),
+        }
+
+    @staticmethod
+    def collect(ctx: RunContext, collected: Collected, unit: UnitId, record: dict[str, Any]) -> None:
+        collected.add_rows(unit, record)
+        if record.get("loss_curve"):
+            collected.curves[f"dense, seed {unit.seed}"] = record["loss_curve"]

@@ -1,0 +1,65 @@
+"""``posthoc``: zero-shot structural pruning of the dense model, units ranked on the validation
+split (gradient of a unit mask, Michel et al. 2019; or leave-one-out, heads only), no retraining.
+The ranking is kept beside the unit records (``posthoc-ranking.json``) for the recovered methods."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from budgeted_attention.errors import CheckpointError, ConfigError
+from budgeted_attention.io import write_json_atomic
+from budgeted_attention.model.gates import UnitGates
+from budgeted_attention.pipeline.context import RunContext
+from budgeted_attention.pipeline.methods.base import Method, hard_rows
+from budgeted_attention.pipeline.methods.dense import dense_unit
+from budgeted_attention.pipeline.units import UNIT_DIGEST_KEY, Unit, UnitId
+from budgeted_attention.pruning.importance import leave_one_out_importance, unit_gradient_importance
+from budgeted_attention.pruning.selection import Ranking, ranking_from_dict
+
+RANKING = "posthoc-ranking.json"
+
+
+def check_importance(cfg) -> None:
+    """Leave-one-out scores heads only: refused under ``budget_scope: all``."""
+    if cfg.budget_scope == "all" and cfg.posthoc_importance != "gradient":
+        raise ConfigError("posthoc_importance 'leave-one-out' scores heads only; use 'gradient' with budget_scope 'all'")
+
+
+def posthoc_ranking(ctx: RunContext, seed: int) -> Ranking:
+    """The dense model's units of ``seed`` ranked by importance on validation: computed once, then read back."""
+    path = ctx.run.unit_dir(seed) / RANKING
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            ranking = ranking_from_dict(saved)
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
+            raise CheckpointError(f"post-hoc ranking '{path}' is malformed ({exc}); delete it to recompute") from exc
+        ctx.check_unit_digest(path, saved)
+        return ranking
+    dense, _ = ctx.load(dense_unit(seed))
+    # Importance on the validation split (never test), as in Michel et al. (2019).
+    if ctx.cfg.posthoc_importance == "gradient":
+        scores = unit_gradient_importance(dense, ctx.splits.val, task=ctx.task)
+    else:
+        scores = UnitGates(leave_one_out_importance(dense, ctx.splits.val, dense.n_layers, dense.n_heads, task=ctx.task), None)
+    ranking = ctx.rank(dense, scores)
+    saved = {"heads": scores.heads.tolist(), **({"ffn": scores.ffn.tolist()} if scores.ffn is not None else {})}
+    write_json_atomic(path, {**ranking.to_dict(), "scores": saved, "importance": ctx.cfg.posthoc_importance, UNIT_DIGEST_KEY: ctx.unit_digest})
+    return ranking
+
+
+class Posthoc(Method):
+    names = ("posthoc",)
+
+    def check(self, cfg) -> None:
+        check_importance(cfg)
+
+    def units(self, cfg, seed: int) -> list[Unit]:
+        return [Unit(UnitId("posthoc", seed), self.evaluate)]
+
+    def evaluate(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
+        dense, description = ctx.load(dense_unit(unit.seed))
+        ranking = posthoc_ranking(ctx, unit.seed)
+        kept = {b: ranking.kept(b) for b in ctx.cfg.budgets}
+        return {"rows": hard_rows(ctx, "posthoc", dense, unit.seed, int(description["steps"]), kept)}

@@ -1,0 +1,32 @@
+"""``budgeted-scratch``: the budgeted stage from a random init for the same total steps (the
+paper's ablation: one budget per step, whatever ``train.budget_sampling`` says)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from budgeted_attention.pipeline.context import RunContext
+from budgeted_attention.pipeline.methods.base import Method, soft_rows, stopping
+from budgeted_attention.pipeline.methods.dense import dense_unit
+from budgeted_attention.pipeline.units import Unit, UnitId
+from budgeted_attention.training.stages import train_budgeted
+
+
+class Scratch(Method):
+    names = ("budgeted-scratch",)
+
+    def units(self, cfg, seed: int) -> list[Unit]:
+        return [Unit(UnitId("budgeted-scratch", seed), self.train)]
+
+    def train(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
+        model = ctx.builder.create()
+        # Same total steps as the warm-started path: the dense model's actual steps (it may have
+        # stopped early) plus the budgeted stage.
+        steps = ctx.cfg.train.scratch_steps or ctx.steps_of(dense_unit(unit.seed)) + ctx.cfg.train.budgeted_steps
+        scratch_cfg = dataclasses.replace(ctx.cfg.train, budget_sampling="single")
+        log = train_budgeted(
+            model, ctx.splits.train, scratch_cfg, ctx.unit_costs(model), seed=unit.seed, steps=steps, desc="scratch", progress=ctx.progress,
+            task=ctx.task, val=ctx.splits.val, val_budgets=ctx.cfg.budgets,
+        )
+        return {"rows": soft_rows(ctx, "budgeted-scratch", model, unit.seed, log.steps, ctx.cfg.budgets), **stopping(log)}
