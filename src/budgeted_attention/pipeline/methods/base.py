@@ -45,6 +45,11 @@ class Method(ABC):
         """This method's units of one seed, in execution order."""
 
 
+def dense_unit(seed: int) -> UnitId:
+    """The dense model of ``seed``: the checkpoint the other methods start from."""
+    return UnitId("dense", seed)
+
+
 def stopping(log: StageLog) -> dict[str, Any]:
     """A stage's early-stopping record for its unit (steps run, validation history), or nothing
     when the stage was not early-stopped."""

@@ -11,16 +11,11 @@ from typing import Any
 
 from budgeted_attention.checkpoint import save_model
 from budgeted_attention.pipeline.context import RunContext
-from budgeted_attention.pipeline.methods.base import Method, dense_row
+from budgeted_attention.pipeline.methods.base import Method, dense_row, dense_unit
 from budgeted_attention.pipeline.outputs import Collected
 from budgeted_attention.pipeline.units import Unit, UnitId
 from budgeted_attention.pruning.importance import sort_ffn_by_importance
 from budgeted_attention.training.stages import train_dense
-
-
-def dense_unit(seed: int) -> UnitId:
-    """The dense model of ``seed`` (the checkpoint the other methods start from)."""
-    return UnitId("dense", seed)
 
 
 class Dense(Method):

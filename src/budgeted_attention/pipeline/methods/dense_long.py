@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from budgeted_attention.pipeline.context import RunContext
-from budgeted_attention.pipeline.methods.base import Method, dense_row, stopping
-from budgeted_attention.pipeline.methods.dense import dense_unit
+from budgeted_attention.pipeline.methods.base import Method, dense_row, dense_unit, stopping
 from budgeted_attention.pipeline.units import Unit, UnitId
 from budgeted_attention.training.stages import train_dense
 

@@ -14,8 +14,7 @@ from budgeted_attention.checkpoint import save_model
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.pipeline.context import RunContext
-from budgeted_attention.pipeline.methods.base import Method, bench_config, bench_kwargs, saved_or_timed
-from budgeted_attention.pipeline.methods.dense import dense_unit
+from budgeted_attention.pipeline.methods.base import Method, bench_config, bench_kwargs, dense_unit, saved_or_timed
 from budgeted_attention.pipeline.outputs import Collected, attach_speed
 from budgeted_attention.pipeline.units import Unit, UnitId
 from budgeted_attention.reporting.rows import ResultRow

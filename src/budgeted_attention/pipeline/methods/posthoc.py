@@ -11,8 +11,7 @@ from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.io import write_json_atomic
 from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.pipeline.context import RunContext
-from budgeted_attention.pipeline.methods.base import Method, hard_rows
-from budgeted_attention.pipeline.methods.dense import dense_unit
+from budgeted_attention.pipeline.methods.base import Method, dense_unit, hard_rows
 from budgeted_attention.pipeline.units import UNIT_DIGEST_KEY, Unit, UnitId
 from budgeted_attention.pruning.importance import leave_one_out_importance, unit_gradient_importance
 from budgeted_attention.pruning.selection import Ranking, ranking_from_dict

@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from budgeted_attention.pipeline.context import RunContext
-from budgeted_attention.pipeline.methods.base import Method, hard_rows
-from budgeted_attention.pipeline.methods.dense import dense_unit
+from budgeted_attention.pipeline.methods.base import Method, dense_unit, hard_rows
 from budgeted_attention.pipeline.methods.posthoc import check_importance, posthoc_ranking
 from budgeted_attention.pipeline.units import Unit, UnitId
 from budgeted_attention.training.stages import train_masked

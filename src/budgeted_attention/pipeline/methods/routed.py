@@ -13,22 +13,21 @@ from budgeted_attention.benchmark.per_input import bench_per_input
 from budgeted_attention.checkpoint import save_model
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.pipeline.context import RunContext
-from budgeted_attention.pipeline.methods.base import Method
-from budgeted_attention.pipeline.methods.dense import dense_unit
+from budgeted_attention.pipeline.methods.base import Method, dense_unit
 from budgeted_attention.pipeline.outputs import Collected, attach_speed
 from budgeted_attention.pipeline.units import Unit, UnitId
 from budgeted_attention.reporting.rows import ResultRow
 from budgeted_attention.training.routed import calibrate_router, choose_spread, difficulty_profile, routing_summary, train_routed
 
 # Routing method -> router mode (``router:`` config; the method sets the mode).
-MODES = {"budgetformer": "learned", "capped-routing": "capped"}
+ROUTED_METHODS = {"budgetformer": "learned", "capped-routing": "capped"}
 
 
 class Routed(Method):
-    names = tuple(MODES)
+    names = tuple(ROUTED_METHODS)
 
     def units(self, cfg, seed: int) -> list[Unit]:
-        routed = [Unit(UnitId(method, seed), self.train, self.collect) for method in MODES if method in cfg.methods]
+        routed = [Unit(UnitId(method, seed), self.train, self.collect) for method in ROUTED_METHODS if method in cfg.methods]
         return [*routed, Unit(UnitId("bench-routed", seed), self.bench, self.collect_bench, timing=True)]
 
     @staticmethod
@@ -39,7 +38,7 @@ class Routed(Method):
     def train(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
         """Rows: test metrics, realised mean cost and heads at each budget; a capped router is
         calibrated on validation."""
-        method, seed, mode = unit.kind, unit.seed, MODES[unit.kind]
+        method, seed, mode = unit.kind, unit.seed, ROUTED_METHODS[unit.kind]
         dense, description = ctx.load(dense_unit(seed))
         model = copy.deepcopy(dense)
         model.attach_router(dataclasses.replace(ctx.cfg.router, mode=mode))
@@ -95,7 +94,7 @@ class Routed(Method):
         dense, _ = ctx.load(dense_unit(unit.seed))
         reference = dense.plain_reference()
         rows = []
-        for method, mode in MODES.items():
+        for method, mode in ROUTED_METHODS.items():
             if method not in ctx.cfg.methods:
                 continue
             model, _ = ctx.load(UnitId(method, unit.seed))
@@ -116,7 +115,7 @@ class Routed(Method):
         collected.routed_benches[unit.seed] = record["bench"]
         first_batch = ctx.cfg.bench.batch_sizes[0]
         timed = {(r["method"], r["budget"]): r for r in record["bench"]["rows"] if r["batch_size"] == first_batch}
-        for method in MODES:
+        for method in ROUTED_METHODS:
             for row in collected.unit_rows.get(UnitId(method, unit.seed), []):
                 entry = timed.get((row["method"], row["budget"]))
                 if entry is not None:  # the FLOP-ideal of the timed (validation) inputs goes with their measured speed

@@ -7,8 +7,7 @@ import dataclasses
 from typing import Any
 
 from budgeted_attention.pipeline.context import RunContext
-from budgeted_attention.pipeline.methods.base import Method, soft_rows, stopping
-from budgeted_attention.pipeline.methods.dense import dense_unit
+from budgeted_attention.pipeline.methods.base import Method, dense_unit, soft_rows, stopping
 from budgeted_attention.pipeline.units import Unit, UnitId
 from budgeted_attention.training.stages import train_budgeted
 

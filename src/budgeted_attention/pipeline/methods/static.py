@@ -13,8 +13,9 @@ from budgeted_attention.benchmark.runner import bench_models
 from budgeted_attention.checkpoint import load_ranking, save_model
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.pipeline.context import RunContext
-from budgeted_attention.pipeline.methods.base import Method, bench_config, bench_kwargs, hard_rows, saved_or_timed, soft_rows, stopping
-from budgeted_attention.pipeline.methods.dense import dense_unit
+from budgeted_attention.pipeline.methods.base import (
+    Method, bench_config, bench_kwargs, dense_unit, hard_rows, saved_or_timed, soft_rows, stopping,
+)
 from budgeted_attention.pipeline.outputs import Collected, attach_speed
 from budgeted_attention.pipeline.units import Unit, UnitId
 from budgeted_attention.training.stages import train_budgeted, train_hard
