@@ -240,7 +240,7 @@ def parse_ranking(path: str | Path, description: dict[str, Any]):
     Raises:
         CheckpointError: no ranking (not a budgeted-hard checkpoint) or a malformed one.
     """
-    from budgeted_attention.pruning.selection import ranking_from_dict  # noqa: PLC0415
+    from budgeted_attention.pruning.selection import Ranking  # noqa: PLC0415
 
     _, meta_path = checkpoint_paths(path)
     if "ranking" not in description:
@@ -248,7 +248,7 @@ def parse_ranking(path: str | Path, description: dict[str, Any]):
     try:
         if not isinstance(description["ranking"], dict):
             raise TypeError(f"expected a mapping, got {type(description['ranking']).__name__}")
-        ranking = ranking_from_dict(description["ranking"])
+        ranking = Ranking.from_dict(description["ranking"])
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise CheckpointError(f"malformed head ranking in '{meta_path}': {exc}") from exc
     return ranking
@@ -256,8 +256,6 @@ def parse_ranking(path: str | Path, description: dict[str, Any]):
 
 def load_ranking(path: str | Path, description: dict[str, Any], model: GatedModel):
     """The ranking stored with a checkpoint (:func:`parse_ranking`), checked against the model's grid."""
-    from budgeted_attention.pruning.selection import UnitRanking  # noqa: PLC0415
-
     _, meta_path = checkpoint_paths(path)
     ranking = parse_ranking(path, description)
     if (ranking.n_layers, ranking.n_heads) != (model.n_layers, model.n_heads):
@@ -265,10 +263,9 @@ def load_ranking(path: str | Path, description: dict[str, Any], model: GatedMode
             f"head ranking in '{meta_path}' is for {ranking.n_layers}x{ranking.n_heads} heads, "
             f"the model has {model.n_layers}x{model.n_heads}"
         )
-    groups = ranking.n_groups if isinstance(ranking, UnitRanking) else 0
-    if groups != model.n_groups:
+    if ranking.n_groups != model.n_groups:
         raise CheckpointError(
-            f"ranking in '{meta_path}' is for {groups} FFN groups per layer, the model has {model.n_groups}"
+            f"ranking in '{meta_path}' is for {ranking.n_groups} FFN groups per layer, the model has {model.n_groups}"
         )
     return ranking
 

@@ -2,9 +2,10 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
+from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.benchmark.reference import PlainEncoder
 from budgeted_attention.model.transformer import EncoderClassifier
-from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import prune_to_budget
 
 from conftest import randomize_gates, tiny_config
@@ -79,7 +80,7 @@ def test_padding_matters_for_mean_pooling():
 
 def test_refuses_pruned_model():
     model = _model()
-    ranking = HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(0)))
+    ranking = Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(0))))
     pruned = prune_to_budget(model, ranking, 0.5)
     assert pruned.config.is_pruned
     with pytest.raises(ValueError, match="unpruned"):

@@ -7,12 +7,13 @@ import torch
 pytest.importorskip("transformers", reason="transformers is not installed")
 from transformers import BertConfig, BertForSequenceClassification  # noqa: E402
 
+from budgeted_attention.model.gates import UnitGates  # noqa: E402
 from budgeted_attention.errors import CheckpointError  # noqa: E402
 from budgeted_attention.checkpoint import load_model, save_model  # noqa: E402
 from budgeted_attention.hf.bert import GatedBertClassifier, load_gated_bert, minilm_path  # noqa: E402
 from budgeted_attention.pruning.surgery import sort_heads  # noqa: E402
 from budgeted_attention.pruning.switching import SlicedModel  # noqa: E402
-from budgeted_attention.pruning.selection import HeadRanking  # noqa: E402
+from budgeted_attention.pruning.selection import Ranking  # noqa: E402
 
 
 def _tiny_bert():
@@ -42,7 +43,7 @@ def test_gates_disabled_equal_unmodified_transformers_model(inputs):
 
 def test_pruned_equals_hard_masked_with_uneven_and_empty_layers(inputs, tmp_path):
     model = GatedBertClassifier(_tiny_bert()).eval()
-    ranking = HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(3)), min_one_per_layer=False)
+    ranking = Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(3))), min_one_per_layer=False)
     kept = [[0, 2, 3], [], [1]]
     mask = torch.zeros(3, 4)
     for layer, heads in enumerate(kept):
@@ -72,7 +73,7 @@ def test_budgeted_training_stage_runs_on_bert(inputs):
     model = GatedBertClassifier(_tiny_bert())
     split = Split(inputs[0].repeat(4, 1), inputs[1].repeat(4, 1), torch.tensor([0, 1, 2, 0] * 4))
     before = model.gates.bias.clone()
-    train_budgeted(model, split, TrainConfig(budgeted_steps=3, batch_size=8), torch.ones(3, 4), seed=0, progress=False)
+    train_budgeted(model, split, TrainConfig(budgeted_steps=3, batch_size=8), UnitGates(torch.ones(3, 4)), seed=0, progress=False)
     assert not torch.equal(before, model.gates.bias)
 
 
@@ -104,8 +105,8 @@ def test_pruned_sorted_and_sliced_bert_keep_gate_meaning(inputs):
     model = GatedBertClassifier(_tiny_bert()).eval()
     with torch.no_grad():
         model.gates.bias.copy_(torch.randn(3, 4, generator=torch.Generator().manual_seed(2)))
-    ranking = HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(4)))
-    kept = ranking.kept_heads(0.5)
+    ranking = Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(4))))
+    kept = ranking.kept(0.5).heads
     pruned = model.pruned_copy(kept)
     sorted_model = sort_heads(model, ranking)
     served = SlicedModel(model, ranking)
@@ -117,7 +118,7 @@ def test_pruned_sorted_and_sliced_bert_keep_gate_meaning(inputs):
         pointers = [p.data_ptr() for p in served.parameters()]
         for b in (0.25, 0.5, 1.0, 0.75):
             served.set_budget(b)
-            assert torch.allclose(served(*inputs), model(*inputs, gates=ranking.mask(b)), atol=1e-5)
+            assert torch.allclose(served(*inputs), model(*inputs, gates=ranking.masks(b)), atol=1e-5)
         assert pointers == [p.data_ptr() for p in served.parameters()]
 
 

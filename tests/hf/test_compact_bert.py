@@ -8,6 +8,7 @@ import torch
 pytest.importorskip("transformers", reason="transformers is not installed")
 from transformers import BertConfig, BertForSequenceClassification, RobertaConfig, RobertaForSequenceClassification  # noqa: E402
 
+from budgeted_attention.model.gates import UnitGates  # noqa: E402
 from budgeted_attention.hf.bert import GatedBertClassifier  # noqa: E402
 from budgeted_attention.hf.compact import CompactBert, compact_unsupported  # noqa: E402
 from budgeted_attention.model.router import RouterConfig  # noqa: E402
@@ -122,13 +123,13 @@ def test_families_without_a_compact_copy_run_as_they_are():
 
 def test_sliced_bert_serves_every_budget_through_the_lean_copy():
     from budgeted_attention.model.gates import UnitGates  # noqa: PLC0415
-    from budgeted_attention.pruning.selection import UnitRanking  # noqa: PLC0415
+    from budgeted_attention.pruning.selection import Ranking  # noqa: PLC0415
     from budgeted_attention.pruning.switching import SlicedModel  # noqa: PLC0415
 
     model = _tiny_bert(ffn_group_size=4)
     generator = torch.Generator().manual_seed(5)
     scores = UnitGates(torch.rand(3, 4, generator=generator), torch.rand(3, 4, generator=generator))
-    ranking = UnitRanking.from_scores(scores, head_cost=3.0, group_cost=2.0, min_one_per_layer=False)
+    ranking = Ranking.from_scores(scores, UnitGates(torch.full((3, 4), 3.0), torch.full((3, 4), 2.0)), min_one_per_layer=False)
     sliced = SlicedModel(model, ranking)  # not .eval(): the wrapped model's mode decides
     module_tree = SlicedModel(model, ranking, lean=False).eval()
     assert isinstance(sliced.lean, CompactBert) and module_tree.lean is None
@@ -165,11 +166,11 @@ def test_lean_copy_refuses_active_counts_it_does_not_store():
 
 
 def test_sliced_bert_keeps_its_lean_copy_in_step_with_the_model():
-    from budgeted_attention.pruning.selection import HeadRanking  # noqa: PLC0415
+    from budgeted_attention.pruning.selection import Ranking  # noqa: PLC0415
     from budgeted_attention.pruning.switching import SlicedModel  # noqa: PLC0415
 
     model = _tiny_bert()
-    sliced = SlicedModel(model, HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(2))))
+    sliced = SlicedModel(model, Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(2)))))
     ids, mask, _ = _inputs()
     with torch.no_grad():
         sliced.set_budget(0.5)

@@ -5,10 +5,11 @@ from unittest.mock import patch
 import pytest
 import torch
 
+from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.model.compact import CompactEncoder, compact_unsupported
 from budgeted_attention.model.router import RouterConfig
 from budgeted_attention.model.transformer import EncoderClassifier
-from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.switching import SlicedModel
 from conftest import tiny_config
 
@@ -73,7 +74,7 @@ def test_compact_copy_shares_weights_and_knows_when_it_is_stale():
 
 def test_sliced_encoder_serves_through_the_lean_copy():
     model = _encoder()
-    ranking = HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(2)))
+    ranking = Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(2))))
     sliced = SlicedModel(model, ranking)
     assert isinstance(sliced.lean, CompactEncoder)
     ids, mask = _inputs()
@@ -106,12 +107,12 @@ def test_segment_ids_and_too_long_inputs_are_refused_as_by_the_model():
 
 def test_sliced_encoder_switches_sorted_ffn_groups_through_the_lean_copy():
     from budgeted_attention.model.gates import UnitGates  # noqa: PLC0415
-    from budgeted_attention.pruning.selection import UnitRanking  # noqa: PLC0415
+    from budgeted_attention.pruning.selection import Ranking  # noqa: PLC0415
 
     model = _encoder(ffn_group_size=12)
     generator = torch.Generator().manual_seed(3)
     scores = UnitGates(torch.rand(3, 4, generator=generator), torch.rand(3, 4, generator=generator))
-    ranking = UnitRanking.from_scores(scores, head_cost=3.0, group_cost=2.0, min_one_per_layer=False)
+    ranking = Ranking.from_scores(scores, UnitGates(torch.full((3, 4), 3.0), torch.full((3, 4), 2.0)), min_one_per_layer=False)
     sliced = SlicedModel(model, ranking)
     ids, mask = _inputs()
     with torch.no_grad():
@@ -124,7 +125,7 @@ def test_sliced_encoder_switches_sorted_ffn_groups_through_the_lean_copy():
 
 def test_sliced_encoder_rebuilds_its_copy_when_a_parameter_is_replaced_or_converted():
     model = _encoder()
-    sliced = SlicedModel(model, HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(2))))
+    sliced = SlicedModel(model, Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(2)))))
     ids, mask = _inputs()
     with torch.no_grad():
         sliced(ids, mask)
@@ -143,7 +144,7 @@ def test_sliced_encoder_rebuilds_its_copy_when_a_parameter_is_replaced_or_conver
 
 def test_a_router_attached_to_a_sliced_encoder_sends_calls_to_the_module_tree():
     model = _encoder()
-    sliced = SlicedModel(model, HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(2))))
+    sliced = SlicedModel(model, Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(2)))))
     sliced.model.attach_router(RouterConfig())
     ids, mask = _inputs()
     with torch.no_grad(), patch.object(CompactEncoder, "forward", side_effect=AssertionError("lean copy used")):

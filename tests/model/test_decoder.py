@@ -7,7 +7,7 @@ import torch
 from budgeted_attention.checkpoint import load_model, save_model
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.decoder import CausalLM, DecoderConfig, lm_loss
-from budgeted_attention.pruning.selection import rank_units
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import prune_to_budget
 from budgeted_attention.pruning.switching import SlicedModel
 
@@ -33,7 +33,7 @@ def test_future_tokens_never_change_earlier_logits(options):
     model = _model(**options)
     changed = IDS.clone()
     changed[:, 7:] = (changed[:, 7:] + 5) % 31
-    ranking = rank_units(model.unit_importance(), model.unit_costs(12))
+    ranking = Ranking.from_scores(model.unit_importance(), model.unit_costs(12))
     pruned = prune_to_budget(model, ranking, 0.5)
     with torch.no_grad():
         for call in (lambda m, x: m(x), lambda m, x: m(x, budget=0.4)):
@@ -71,7 +71,7 @@ def test_attention_only_san_has_no_ffn_and_qk_norm_gains():
 
 def test_pruned_equals_masked_sliced_serves_budgets_and_save_load(tmp_path):
     model = _model(qk_norm=True)
-    ranking = rank_units(model.unit_importance(), model.unit_costs(12), min_one_per_layer=False)
+    ranking = Ranking.from_scores(model.unit_importance(), model.unit_costs(12), min_one_per_layer=False)
     sliced = SlicedModel(model, ranking)
     with torch.no_grad():
         for budget in (0.2, 0.5, 1.0):
@@ -114,7 +114,7 @@ def test_plain_reference_equals_dense_decoder(options):
 
 def test_plain_reference_refuses_pruned_decoder():
     model = _model()
-    pruned = prune_to_budget(model, rank_units(model.unit_importance(), model.unit_costs(12)), 0.5)
+    pruned = prune_to_budget(model, Ranking.from_scores(model.unit_importance(), model.unit_costs(12)), 0.5)
     with pytest.raises(ValueError, match="unpruned"):
         pruned.plain_reference()
 

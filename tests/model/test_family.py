@@ -5,8 +5,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.model.family import GatedModel
-from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import keep_heads, prune_to_budget, sort_heads
 from budgeted_attention.pruning.switching import SlicedModel
 
@@ -27,19 +28,19 @@ def test_encoder_implements_the_interface(tiny_model):
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 1000), budget=st.floats(0.05, 0.999))
 def test_pruned_model_budget_means_the_full_model_restricted_to_its_heads(tiny_model, tiny_ids, seed, budget):
-    ranking = HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(seed)), min_one_per_layer=False)
-    kept = ranking.kept_heads(0.5)
+    ranking = Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(seed))), min_one_per_layer=False)
+    kept = ranking.kept(0.5).heads
     pruned = prune_to_budget(tiny_model, ranking, 0.5)
     with torch.no_grad():
         assert torch.allclose(pruned(tiny_ids, budget=budget), _restricted(tiny_model, tiny_ids, kept, budget), atol=1e-5)
 
 
 def test_sorted_and_sliced_models_keep_gate_meaning(tiny_model, tiny_ids):
-    ranking = HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(5)))
+    ranking = Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(5))))
     sorted_model = sort_heads(tiny_model, ranking)
     served = SlicedModel(tiny_model, ranking)
     served.set_budget(0.5)
-    kept = ranking.kept_heads(0.5)
+    kept = ranking.kept(0.5).heads
     with torch.no_grad():
         for b in (0.2, 0.7):
             assert torch.allclose(sorted_model(tiny_ids, budget=b), tiny_model(tiny_ids, budget=b), atol=1e-5)

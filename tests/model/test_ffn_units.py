@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from budgeted_attention.checkpoint import load_model, save_model
 from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.model.transformer import EncoderClassifier
-from budgeted_attention.pruning.selection import KeptUnits, UnitRanking, rank_units
+from budgeted_attention.pruning.selection import KeptUnits, Ranking
 from budgeted_attention.pruning.surgery import keep_units, prune_to_budget
 from budgeted_attention.pruning.switching import SlicedModel
 from conftest import tiny_config
@@ -93,7 +93,7 @@ def test_whole_layer_skip(make):
 @pytest.mark.parametrize("make", FAMILIES)
 def test_save_load_round_trip_of_a_pruned_all_scope_model(make, tmp_path):
     model = make()
-    ranking = rank_units(model.unit_importance(), model.unit_costs(9))
+    ranking = Ranking.from_scores(model.unit_importance(), model.unit_costs(9))
     pruned = prune_to_budget(model, ranking, 0.4)
     save_model(pruned, tmp_path / "m", ranking=ranking.to_dict())
     loaded, description = load_model(tmp_path / "m")
@@ -106,7 +106,7 @@ def test_save_load_round_trip_of_a_pruned_all_scope_model(make, tmp_path):
 @pytest.mark.parametrize("make", FAMILIES)
 def test_sliced_layout_serves_every_budget_like_the_pruned_model(make):
     model = make()
-    ranking = rank_units(model.unit_importance(), model.unit_costs(9), min_one_per_layer=False)
+    ranking = Ranking.from_scores(model.unit_importance(), model.unit_costs(9), min_one_per_layer=False)
     sliced = SlicedModel(model, ranking)
     weights = {name: p.data_ptr() for name, p in sliced.named_parameters()}
     with torch.no_grad():
@@ -129,10 +129,10 @@ def test_sorting_ffn_neurons_preserves_the_function(make):
         model.sort_ffn_neurons([[0, 0] + list(range(2, 48))] * 3)
 
 
-def _unit_ranking(seed: int, min_one: bool) -> UnitRanking:
+def _unit_ranking(seed: int, min_one: bool) -> Ranking:
     gen = torch.Generator().manual_seed(seed)
     scores = UnitGates(torch.rand(3, 4, generator=gen), torch.rand(3, 5, generator=gen))
-    return UnitRanking.from_scores(scores, head_cost=3.0, group_cost=2.0, min_one_per_layer=min_one)
+    return Ranking.from_scores(scores, UnitGates(torch.full((3, 4), 3.0), torch.full((3, 5), 2.0)), min_one_per_layer=min_one)
 
 
 @settings(max_examples=40, deadline=None)
@@ -152,16 +152,15 @@ def test_unit_ranking_is_nested_and_fits_the_budget(low, high, seed, min_one):
 
 
 def test_unit_ranking_round_trip_and_bad_dicts():
-    from budgeted_attention.pruning.selection import HeadRanking, ranking_from_dict
-
     ranking = _unit_ranking(3, True)
-    assert ranking_from_dict(ranking.to_dict()) == ranking
+    assert Ranking.from_dict(ranking.to_dict()) == ranking
     broken = ranking.to_dict()
     broken["order"] = broken["order"][:-1]
     with pytest.raises(ValueError, match="exactly once"):
-        ranking_from_dict(broken)
-    assert isinstance(ranking.head_ranking(), HeadRanking)
-    assert ranking.head_ranking().kept(1.0).heads == ranking.kept(1.0).heads
+        Ranking.from_dict(broken)
+    heads_only = ranking.heads_only()
+    assert heads_only.scope == "heads" and heads_only.kept(1.0).heads == ranking.kept(1.0).heads
+    assert Ranking.from_dict(heads_only.to_dict()) == heads_only
 
 
 def test_model_refuses_ffn_gates_of_the_wrong_shape():

@@ -44,11 +44,11 @@ def test_initial_gates_equal_budget():
 
 @torch.no_grad()
 def test_cost_is_one_at_full_budget_and_vanishes_at_zero(tiny_model):
-    costs = CostModel(tiny_model.config, seq_len=11).head_costs()
-    assert float(estimated_cost(tiny_model.gates(1.0), costs)) == pytest.approx(1.0)
+    costs = CostModel(tiny_model.config, seq_len=11).unit_costs()
+    assert float(estimated_cost(tiny_model.unit_gates(1.0), costs)) == pytest.approx(1.0)
     previous = 1.0
     for b in (0.5, 1e-2, 1e-4, 1e-8, 1e-12):
-        value = float(estimated_cost(tiny_model.gates(b), costs))
+        value = float(estimated_cost(tiny_model.unit_gates(b), costs))
         assert value <= previous + 1e-9
         previous = value
     assert previous < 0.05

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.checkpoint import load_model, save_model
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.decoder import CausalLM, DecoderConfig
@@ -292,13 +293,13 @@ def test_one_inputs_head_sets_are_the_rows_of_its_mask():
 
 
 def test_one_input_on_a_reordered_layout_runs_the_heads_it_chose():
-    from budgeted_attention.pruning.selection import HeadRanking
+    from budgeted_attention.pruning.selection import Ranking
     from budgeted_attention.pruning.surgery import sort_heads
 
     model = _routed("capped")
     router = model.router
     model.router = None
-    ranking = HeadRanking.from_scores(torch.randn(model.n_layers, model.n_heads, generator=torch.Generator().manual_seed(4)))
+    ranking = Ranking.from_scores(UnitGates(torch.randn(model.n_layers, model.n_heads, generator=torch.Generator().manual_seed(4))))
     sorted_model = sort_heads(model, ranking)  # every head kept, each layer's heads permuted
     sorted_model.router = router
     model.router = router

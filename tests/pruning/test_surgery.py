@@ -3,14 +3,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.model.gates import UnitGates
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import keep_heads, prune_to_budget, sort_heads
 from budgeted_attention.pruning.switching import SlicedModel
 
 
-def _ranking(model, seed: int, min_one: bool = True) -> HeadRanking:
+def _ranking(model, seed: int, min_one: bool = True) -> Ranking:
     scores = torch.rand(3, 4, generator=torch.Generator().manual_seed(seed))
-    return HeadRanking.from_scores(scores, min_one_per_layer=min_one)
+    return Ranking.from_scores(UnitGates(scores), min_one_per_layer=min_one)
 
 
 # The fixtures are read-only here, so sharing them across examples is safe.
@@ -19,9 +20,9 @@ def _ranking(model, seed: int, min_one: bool = True) -> HeadRanking:
 def test_pruned_equals_hard_masked(tiny_model, tiny_ids, budget, seed, min_one):
     ranking = _ranking(tiny_model, seed, min_one)
     pruned = prune_to_budget(tiny_model, ranking, budget)
-    assert pruned.config.heads_per_layer == ranking.heads_per_layer(budget)
+    assert pruned.config.heads_per_layer == ranking.kept(budget).heads_per_layer
     with torch.no_grad():
-        masked = tiny_model(tiny_ids, gates=ranking.mask(budget))
+        masked = tiny_model(tiny_ids, gates=ranking.masks(budget))
         assert torch.allclose(pruned(tiny_ids), masked, atol=1e-5)
 
 
@@ -52,11 +53,11 @@ def test_sliced_model_serves_every_budget_without_copies(tiny_model, tiny_ids):
     with torch.no_grad():
         for b in (0.25, 0.5, 0.75, 1.0, 0.5):
             served.set_budget(b)
-            expected = tiny_model(tiny_ids, gates=ranking.mask(b))
+            expected = tiny_model(tiny_ids, gates=ranking.masks(b))
             assert torch.allclose(served(tiny_ids), expected, atol=1e-5)
     assert pointers == [p.data_ptr() for p in served.parameters()]
 
 
 def test_pruning_rejects_mismatched_ranking(tiny_model):
     with pytest.raises(ValueError, match="ranking"):
-        prune_to_budget(tiny_model, HeadRanking.from_scores(torch.rand(2, 4)), 0.5)
+        prune_to_budget(tiny_model, Ranking.from_scores(UnitGates(torch.rand(2, 4))), 0.5)

@@ -7,7 +7,7 @@ import torch
 from budgeted_attention.data.synthetic import SyntheticConfig, make_synthetic_splits
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.transformer import EncoderClassifier
-from budgeted_attention.pruning.selection import rank_units
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.training.config import TrainConfig
 from budgeted_attention.training.stages import is_gate_parameter, sandwich_budgets, train_budgeted, train_hard
 
@@ -43,7 +43,7 @@ def test_sandwich_soft_and_hard_stages_train_every_gate_and_freeze_them_when_har
     log = train_budgeted(model, splits.train, train, costs, seed=0, progress=False)
     assert log.steps == 4 and all(torch.isfinite(torch.tensor(log.losses)))
     assert not torch.equal(before["ffn_gates.bias"], model.ffn_gates.bias)  # FFN gates learn
-    ranking = rank_units(model.unit_importance(), costs)
+    ranking = Ranking.from_scores(model.unit_importance(), costs)
     gates = {n: p.detach().clone() for n, p in model.named_parameters() if is_gate_parameter(n)}
     hard = train_hard(model, splits.train, train, ranking, seed=0, progress=False)
     assert hard.steps == 3

@@ -2,11 +2,12 @@ import copy
 
 import torch
 
+from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.data.synthetic import SyntheticConfig, make_synthetic_splits
 from budgeted_attention.model.config import ModelConfig
-from budgeted_attention.model.cost import CostModel, estimated_cost
+from budgeted_attention.model.cost import estimated_cost
 from budgeted_attention.model.transformer import EncoderClassifier
-from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.training.config import TrainConfig
 from budgeted_attention.training.stages import sample_budget, seed_everything, train_budgeted, train_dense, train_hard
 
@@ -26,7 +27,7 @@ def test_training_is_deterministic_for_a_seed():
     for _ in range(2):
         splits, model = _setup()
         train_dense(model, splits.train, tc, seed=0, progress=False)
-        costs = CostModel(model.config, splits.seq_len).head_costs()
+        costs = model.unit_costs(splits.seq_len)
         train_budgeted(model, splits.train, tc, costs, seed=0, teacher=copy.deepcopy(model), progress=False)
         results.append(model.state_dict())
     assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
@@ -43,17 +44,17 @@ def test_overshoot_penalty_pulls_cost_under_budget():
     splits, model = _setup()
     with torch.no_grad():
         model.gates.bias.fill_(3.0)  # every gate near 1: C(b) far above b
-    costs = CostModel(model.config, splits.seq_len).head_costs()
-    before = float(estimated_cost(model.gates(0.3), costs).detach())
+    costs = model.unit_costs(splits.seq_len)
+    before = float(estimated_cost(model.unit_gates(0.3), costs).detach())
     tc = TrainConfig(budgeted_steps=100, batch_size=16, distill_weight=0.0, gate_lr=0.1)
     train_budgeted(model, splits.train, tc, costs, seed=0, progress=False)
-    after = float(estimated_cost(model.gates(0.3), costs).detach())
+    after = float(estimated_cost(model.unit_gates(0.3), costs).detach())
     assert after < before - 0.2
 
 
 def test_hard_stage_trains_only_through_the_mask():
     splits, model = _setup()
-    ranking = HeadRanking.from_scores(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    ranking = Ranking.from_scores(UnitGates(torch.tensor([[1.0, 0.0], [0.0, 1.0]])))
     before = copy.deepcopy(model.state_dict())
     log = train_hard(model, splits.train, TrainConfig(hard_steps=5, batch_size=16), ranking, seed=0, progress=False)
     assert log.steps == log.steps_run == len(log.losses) == 5
@@ -64,12 +65,12 @@ def test_hard_stage_freezes_gates_so_the_stored_ranking_stays_true():
     splits, model = _setup()
     with torch.no_grad():
         model.gates.bias.copy_(torch.tensor([[2.0, -1.0], [-0.5, 1.0]]))
-    ranking = HeadRanking.from_scores(model.gates.importance())
+    ranking = Ranking.from_scores(UnitGates(model.gates.importance()))
     before = [p.clone() for p in model.gates.parameters()]
     tc = TrainConfig(hard_steps=20, batch_size=16, gate_lr=0.5)
     train_hard(model, splits.train, tc, ranking, seed=0, progress=False)
     assert all(torch.equal(a, b) for a, b in zip(before, model.gates.parameters()))
-    assert HeadRanking.from_scores(model.gates.importance()) == ranking
+    assert Ranking.from_scores(UnitGates(model.gates.importance())) == ranking
     assert all(p.requires_grad for p in model.gates.parameters())  # unfrozen again afterwards
 
 

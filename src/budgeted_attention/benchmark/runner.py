@@ -21,7 +21,7 @@ from budgeted_attention.benchmark.latency import cuda_graph, measure_interleaved
 from budgeted_attention.data.inputs import length_batches, random_ids
 from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.family import GatedModel
-from budgeted_attention.pruning.selection import KeptUnits, Ranking, UnitRanking
+from budgeted_attention.pruning.selection import KeptUnits, Ranking
 from budgeted_attention.pruning.switching import SlicedModel
 
 # Batches per timed call in the real-lengths mode: one call runs them all (latency is per batch).
@@ -57,7 +57,8 @@ def speed_row(
 
 
 def as_kept(kept: KeptUnits | list[list[int]]) -> KeptUnits:
-    """A bare per-layer head list means head pruning only."""
+    """Former bench input (a bare per-layer head list: head pruning only), kept for one release
+    for benchmarks/op_profile.py; :func:`bench_models` takes :class:`KeptUnits`."""
     return kept if isinstance(kept, KeptUnits) else KeptUnits([list(h) for h in kept], None)
 
 
@@ -119,11 +120,11 @@ def _onnx_runners(
 
 def bench_models(
     model: GatedModel,
-    kept_by_budget: dict[float, KeptUnits | list[list[int]]],
+    kept_by_budget: dict[float, KeptUnits],
     cfg: BenchConfig,
     *,
     ranking: Ranking | None = None,
-    extra_kept: dict[float, KeptUnits | list[list[int]]] | None = None,
+    extra_kept: dict[float, KeptUnits] | None = None,
     lengths: list[int] | None = None,
     vocab_size: int | None = None,
     pad_id: int = 0,
@@ -134,8 +135,7 @@ def bench_models(
 
     Args:
         model: the full (unpruned) gated model.
-        kept_by_budget: budget -> :class:`KeptUnits` (heads and FFN groups, e.g. ``ranking.kept(b)``)
-            or per-layer kept original head ids.
+        kept_by_budget: budget -> :class:`KeptUnits` (heads and FFN groups, e.g. ``ranking.kept(b)``).
         extra_kept: more pruned models timed in the same rounds (rows marked by their scope), e.g.
             head-only pruning of an ``all``-scope ranking for a side-by-side comparison.
         cfg: batch sizes, padded sequence lengths, threads, rounds.
@@ -162,14 +162,12 @@ def bench_models(
     plain = model.plain_reference().eval().to(device)
     references = {name: ref.eval().to(device) for name, ref in model.library_references().items()}
     pruned: dict[str, tuple[float, GatedModel, bool]] = {}  # key -> (budget, model, FFN pruned)
-    for b, kept in list(kept_by_budget.items()) + list((extra_kept or {}).items()):
-        units = as_kept(kept)
-        scope = "heads" if units.groups is None else "all"
-        pruned[_key(b, scope)] = (b, model.pruned_copy(units.heads, units.groups).to(device), scope == "all")
+    for b, units in list(kept_by_budget.items()) + list((extra_kept or {}).items()):
+        pruned[_key(b, units.scope)] = (b, model.pruned_copy(units.heads, units.groups).to(device), units.scope == "all")
     sliced = SlicedModel(model, ranking).eval().to(device) if (ranking is not None and cfg.include_sliced) else None
     model = model.to(device)  # the gated model at b = 1 (moved back to the CPU at the end)
-    sliced_scope = "all" if isinstance(ranking, UnitRanking) else "heads"
-    main_keys = [_key(b, "heads" if as_kept(k).groups is None else "all") for b, k in kept_by_budget.items()]
+    sliced_scope = "heads" if ranking is None else ranking.scope
+    main_keys = [_key(b, units.scope) for b, units in kept_by_budget.items()]
     lean = _lean_modules(model, pruned, main_keys)
     try:
         with tempfile.TemporaryDirectory(prefix="baa-bench-onnx-") as folder:
@@ -380,8 +378,8 @@ def bench_ranking(model: GatedModel, ranking: Ranking, cfg: BenchConfig, **kwarg
     """
     kept = {b: ranking.kept(b) for b in cfg.budgets}
     extra = None
-    if isinstance(ranking, UnitRanking):
-        heads_only = ranking.head_ranking()
+    if ranking.n_groups:
+        heads_only = ranking.heads_only()
         extra = {b: heads_only.kept(b) for b in cfg.budgets}
     return bench_models(model, kept, cfg, ranking=ranking, extra_kept=extra, **kwargs)
 

@@ -74,16 +74,15 @@ class CostModel:
         return self.total_flops() / self.total_flops(heads_per_layer, ffn_widths)
 
 
-def estimated_cost(gates: torch.Tensor | UnitGates, costs: torch.Tensor | UnitGates) -> torch.Tensor:
+def estimated_cost(gates: UnitGates, costs: UnitGates) -> torch.Tensor:
     """Estimated cost C = sum(cost * gate) / sum(cost) over every gated unit, a scalar in [0, 1].
 
     Args:
-        gates: (n_layers, n_heads) head gates, or :class:`UnitGates` (heads and FFN groups), in [0, 1].
+        gates: gate values in [0, 1] of the heads (n_layers, n_heads) and, when gated, FFN groups.
         costs: FLOPs per unit, of the same structure. Under ``budget_scope: heads`` this is the
             paper's attention cost; with FFN groups, the fraction of the prunable forward FLOPs.
     """
-    gates_parts = gates.parts() if isinstance(gates, UnitGates) else [gates]
-    cost_parts = costs.parts() if isinstance(costs, UnitGates) else [costs]
+    gates_parts, cost_parts = gates.parts(), costs.parts()
     if len(gates_parts) != len(cost_parts):
         raise ValueError("gates and costs must both include (or both omit) the feed-forward groups")
     dtype = gates_parts[0].dtype

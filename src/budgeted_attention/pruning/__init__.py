@@ -1,5 +1,5 @@
 """Pruning stage: nested hard head selection, structural surgery, instant budget switching."""
 
-from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.pruning.selection import Ranking
 
-__all__ = ["HeadRanking"]
+__all__ = ["Ranking"]

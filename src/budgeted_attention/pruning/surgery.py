@@ -14,16 +14,17 @@ Both record the original head ids, so the copies' budget gates keep their meanin
 from __future__ import annotations
 
 from budgeted_attention.model.family import GatedModel
-from budgeted_attention.pruning.selection import KeptUnits, Ranking, UnitRanking
+from budgeted_attention.pruning.selection import KeptUnits, Ranking
 
 
 def check_ranking(model: GatedModel, ranking: Ranking) -> None:
-    """The ranking must cover the model's full unit grid, and the model must hold every unit."""
+    """The ranking must cover the model's full unit grid (a heads-only ranking prunes heads only,
+    the FFN kept whole), and the model must hold every unit."""
     if (ranking.n_layers, ranking.n_heads) != (model.n_layers, model.n_heads):
         raise ValueError(
             f"ranking is for {ranking.n_layers}x{ranking.n_heads} heads, model has {model.n_layers}x{model.n_heads}"
         )
-    if isinstance(ranking, UnitRanking) and ranking.n_groups != model.n_groups:
+    if ranking.n_groups and ranking.n_groups != model.n_groups:
         raise ValueError(
             f"ranking is for {ranking.n_groups} FFN groups per layer, model has {model.n_groups}"
             + ("" if model.has_ffn_units else " (its feed-forward blocks are not gated)")
@@ -52,4 +53,4 @@ def sort_heads(model: GatedModel, ranking: Ranking) -> GatedModel:
     """A copy with each layer's heads (and FFN groups) permuted into rank order
     (function-preserving at any budget)."""
     check_ranking(model, ranking)
-    return keep_units(model, ranking.layer_orders_units())
+    return keep_units(model, ranking.layer_orders())

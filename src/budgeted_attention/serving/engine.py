@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description, verify_artifacts
 from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.model.registry import families_with, get_family
-from budgeted_attention.pruning.selection import Ranking, UnitRanking
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.switching import SlicedModel
 from budgeted_attention.rundir import RunDir
 from budgeted_attention.serving.config import ServeConfig
@@ -48,9 +48,7 @@ class Prediction:
 
 def kept_cost(ranking: Ranking, budget: float) -> float:
     """Fraction of the budgeted FLOPs the hard model at ``budget`` keeps (heads, or heads and FFN groups)."""
-    if isinstance(ranking, UnitRanking):
-        return float(ranking.kept_cost(budget))
-    return ranking.count_for_budget(budget) / ranking.total_heads
+    return float(ranking.kept_cost(budget))
 
 
 def run_labels(run_dir: Path, n_classes: int) -> list[str]:

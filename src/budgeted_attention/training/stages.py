@@ -293,9 +293,9 @@ def sandwich_budgets(cfg: TrainConfig, rng: random.Random) -> list[float]:
     return [cfg.budget_min] + [rng.uniform(cfg.budget_min, cfg.budget_max) for _ in range(cfg.sandwich_random)]
 
 
-def _cost_terms(gates: UnitGates, costs: torch.Tensor | UnitGates, budget: float, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def _cost_terms(gates: UnitGates, costs: UnitGates, budget: float, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(budget penalty, C(b)) of soft gates at ``budget``."""
-    cost = estimated_cost(gates if costs_has_ffn(costs) else gates.heads, costs)
+    cost = estimated_cost(gates, costs)
     penalty = cfg.overshoot_weight * F.relu(cost - budget + cfg.overshoot_margin) + cfg.gate_mass_weight * cost
     # g(1 - g) is 0 for decided gates and 0.25 for g = 0.5: it pushes gates towards 0/1 so
     # that the soft cost is carried by few units, which makes the hard ranking meaningful.
@@ -304,25 +304,21 @@ def _cost_terms(gates: UnitGates, costs: torch.Tensor | UnitGates, budget: float
     return penalty, cost
 
 
-def costs_has_ffn(costs: torch.Tensor | UnitGates) -> bool:
-    return isinstance(costs, UnitGates) and costs.ffn is not None
-
-
-def _soft_gates(m: nn.Module, budget: float, costs: torch.Tensor | UnitGates) -> UnitGates:
+def _soft_gates(m: nn.Module, budget: float, costs: UnitGates) -> UnitGates:
     """g(b) of the gated units: heads only when ``costs`` cover heads only."""
-    return m.unit_gates(budget) if costs_has_ffn(costs) else UnitGates(m.gates(budget), None)
+    return m.unit_gates(budget) if costs.ffn is not None else UnitGates(m.gates(budget))
 
 
 def budgeted_loss(
     model: nn.Module,
-    unit_costs: torch.Tensor | UnitGates,
+    unit_costs: UnitGates,
     cfg: TrainConfig,
     teacher: nn.Module | None,
     task: Task = CLASSIFY,
 ) -> LossFn:
     """The budgeted objective (see :class:`TrainConfig`), one budget per step or the sandwich rule.
 
-    ``unit_costs``: FLOPs per head (n_layers, n_heads) or :class:`UnitGates` with FFN groups.
+    ``unit_costs``: FLOPs per gated unit (heads, and FFN groups when they are under the budget).
     """
 
     def single(m, ids, mask, labels, rng):
@@ -371,7 +367,7 @@ def train_budgeted(
     model: nn.Module,
     train: Split,
     cfg: TrainConfig,
-    unit_costs: torch.Tensor | UnitGates,
+    unit_costs: UnitGates,
     *,
     seed: int,
     teacher: nn.Module | None = None,
@@ -385,7 +381,7 @@ def train_budgeted(
     """Stage 2: budgeted training with soft gates (``teacher``: the frozen dense model, optional;
     the sandwich rule distils from the model's own full output instead).
 
-    ``unit_costs``: FLOPs per head, or per head and FFN group (:class:`UnitGates`): the gated units.
+    ``unit_costs``: FLOPs per gated unit (:meth:`GatedModel.unit_costs`: heads, and FFN groups when gated).
     With ``cfg.early_stop_budgeted``: early-stopped on the mean validation score of the soft
     gates at ``val_budgets`` (best weights and gates kept).
     """
@@ -394,7 +390,7 @@ def train_budgeted(
         for param in teacher.parameters():
             param.requires_grad_(False)
     device = distributed.current().device  # the costs meet the gates on the training device
-    unit_costs = unit_costs.map(lambda t: t.to(device)) if isinstance(unit_costs, UnitGates) else unit_costs.to(device)
+    unit_costs = unit_costs.map(lambda t: t.to(device))
     loss_fn = budgeted_loss(model, unit_costs, cfg, teacher, task)
     n_steps = cfg.budgeted_steps if steps is None else steps
     evaluate, eval_every = _stage_validation(cfg, task, val, val_budgets, lambda b: {"budget": b})
@@ -488,7 +484,7 @@ def train_masked(
     model: nn.Module,
     train: Split,
     cfg: TrainConfig,
-    mask: torch.Tensor | UnitGates,
+    mask: UnitGates,
     *,
     steps: int,
     seed: int,
@@ -496,11 +492,11 @@ def train_masked(
     progress: bool = True,
     task: Task = CLASSIFY,
 ) -> StageLog:
-    """Fine-tune with a fixed hard mask of heads (tensor) or units (the recovery of the post-hoc baseline).
+    """Fine-tune with a fixed hard mask of the gated units (the recovery of the post-hoc baseline).
 
     Gates receive no gradient (the mask is a constant), so only the remaining weights adapt.
     """
-    fixed = mask.map(lambda t: t.detach().clone()) if isinstance(mask, UnitGates) else mask.detach().clone()
+    fixed = mask.map(lambda t: t.detach().clone())
 
     def loss_fn(m, ids, attn, labels, _rng):
         return task.loss(m(ids, attn, gates=fixed), ids, attn, labels), {}
