@@ -3,7 +3,8 @@ import random
 import pytest
 
 from budgeted_attention.reporting.serve_load import serve_load_markdown
-from budgeted_attention.serving.load import Record, served_budgets, bursty_arrivals, peak_rate, percentile, poisson_arrivals, summarise
+from budgeted_attention.reporting.serve_load import peak_rate
+from budgeted_attention.serving.load import Record, served_budgets, bursty_arrivals, percentile, poisson_arrivals, summarise
 
 
 def test_poisson_arrivals_have_the_requested_rate_and_stay_in_the_window():
@@ -19,7 +20,7 @@ def test_bursty_arrivals_keep_the_mean_rate_and_are_silent_between_bursts():
 
 
 def test_peak_rate_is_the_in_burst_rate_for_bursty_arrivals():
-    assert peak_rate("poisson", 40.0) == 40.0
+    assert peak_rate("poisson", 40.0, (1.0, 1.0)) == 40.0
     assert peak_rate("bursty", 40.0, (1.0, 1.0)) == 80.0
     assert peak_rate("bursty", 40.0, (1.0, 3.0)) == 160.0
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from budgeted_attention.serving.load import peak_rate
+
+def peak_rate(arrivals: str, rate: float, on_off_s: tuple[float, float]) -> float:
+    """Arrival rate (requests/s) while requests arrive: ``rate`` for Poisson, the in-burst rate for
+    bursty arrivals of ``on_off_s`` = (seconds on, seconds off)."""
+    on_s, off_s = on_off_s
+    return rate * (on_s + off_s) / on_s if arrivals == "bursty" else rate
 
 
 def _ms(value: float | None) -> str:

@@ -55,12 +55,6 @@ def bursty_arrivals(rate: float, seconds: float, rng: random.Random, on_s: float
     return [t for t in times if t < seconds]
 
 
-def peak_rate(arrivals: str, rate: float, on_off_s: tuple[float, float] = (BURST_ON_S, BURST_OFF_S)) -> float:
-    """Arrival rate (requests/s) while requests arrive: ``rate`` for Poisson, the in-burst rate for bursty."""
-    on_s, off_s = on_off_s
-    return rate * (on_s + off_s) / on_s if arrivals == "bursty" else rate
-
-
 ARRIVALS: dict[str, Callable[[float, float, random.Random], list[float]]] = {"poisson": poisson_arrivals, "bursty": bursty_arrivals}
 
 
