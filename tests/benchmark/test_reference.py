@@ -89,7 +89,7 @@ def test_refuses_pruned_model():
 
 def test_refuses_model_serving_a_head_prefix():
     model = _model()
-    model.set_active_heads([4, 2, 4])
+    model.set_active([4, 2, 4])
     with pytest.raises(ValueError, match="active"):
         PlainEncoder(model)
 

@@ -247,7 +247,7 @@ def test_ties_pick_the_same_heads_alone_and_in_a_batch():
 def test_routing_refuses_a_sliced_or_pruned_model():
     model = _routed("capped")
     ids, mask = _inputs()
-    model.set_active_heads([4, 2, 4])
+    model.set_active([4, 2, 4])
     with pytest.raises(ValueError, match="keep and run every head"):
         model(ids, mask, budget=0.5)
 

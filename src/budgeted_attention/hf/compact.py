@@ -1,33 +1,31 @@
 """A lean inference copy of a (pruned) BERT classifier: the same weights and kernel types, less Python.
 
-A pruned :class:`~budgeted_attention.hf.bert.GatedBertClassifier` still runs through the
-transformers module tree: mask construction, keyword plumbing, output dataclasses, three Q/K/V
-``F.linear`` calls and the gate bookkeeping of each layer. At batch 1 that fixed cost does not
-shrink with the model, so it eats a growing share of a pruned model's latency (on MiniLM at
-sequence 128 it held b = 0.5 to about 1.7x of the FLOP-ideal 2x).
+A pruned :class:`~budgeted_attention.hf.bert.GatedBertClassifier` runs a loop over the
+transformers submodules: module calls, dropout and LayerNorm modules, the selection and gate
+bookkeeping of each layer. At batch 1 that fixed cost does not shrink with the model, so it eats
+a growing share of a pruned model's latency (on MiniLM at sequence 128 it held b = 0.5 to about
+1.7x of the FLOP-ideal 2x).
 
-:class:`CompactBert` computes the same logits with one flat loop of the kernel types the module
-tree calls anyway:
+:class:`CompactBert` computes the same logits with one flat loop of the kernels the module tree
+calls anyway:
 
 * embeddings: ``F.embedding`` of words, absolute positions and token types, ``F.layer_norm``;
-* each layer: one fused Q/K/V ``addmm`` in the per-head interleaved layout of our own encoder
-  (rows of head h are ``[q_h; k_h; v_h]``, so any prefix of heads is a contiguous view and the
-  q/k/v views SDPA gets have our encoder's strides), ``F.scaled_dot_product_attention`` with a
-  boolean (batch, 1, 1, seq) key mask built only when the batch has padding, ``addmm`` with the
-  output weight stored transposed, residual add and ``F.layer_norm``; then the FFN as ``addmm``,
-  the model's own activation function, ``addmm`` (second weight stored transposed), residual add
-  and ``F.layer_norm``;
+* each layer: the library's head-subset attention (:func:`~budgeted_attention.model.heads.attend`:
+  one fused Q/K/V projection in the per-head interleaved layout, SDPA with a boolean
+  (batch, 1, 1, seq) key mask built only when the batch has padding, the output projection),
+  residual add and ``F.layer_norm``; then the FFN as ``addmm``, the model's own activation
+  function, ``addmm`` (second weight stored transposed), residual add and ``F.layer_norm``;
 * a layer running no heads (or no FFN neurons) adds only its output bias before its LayerNorm,
   as the module tree does;
 * BERT's pooler (``tanh`` of a linear map of the first token) and the classifier.
 
-So it differs from the module tree in three ways besides the Python it leaves out: the fused Q/K/V
-GEMM, the transposed storage of the output and second FFN weights, and the mask shape. Timing it
-against the module tree or transformers measures all of these together; timing its pruned copy
-against its dense copy is like for like.
+So it differs from the module tree, besides the Python it leaves out, in the transposed storage
+of the output and second FFN weights (copies, so that prefixes are contiguous views). Timing its
+pruned copy against its dense copy is like for like.
 
-Weights: the fused Q/K/V weights and the two transposed weights are copies; everything else
-(embeddings, LayerNorms, biases, the first FFN weight) is shared with the model. Heads and FFN
+Weights: the fused Q/K/V weights (shared with the module tree's inference copy) and the two
+transposed weights are copies; everything else (embeddings, LayerNorms, biases, the first FFN
+weight) is shared with the model. Heads and FFN
 neurons run as prefixes of the stored ones (:meth:`CompactBert.set_active`), so one copy of a
 sorted layout serves every budget, as :class:`~budgeted_attention.pruning.switching.SlicedModel`
 does with it. The copy is a snapshot: :meth:`CompactBert.is_current` says whether the model has

@@ -7,10 +7,9 @@ arithmetic, whatever the layer's width (d256 at sequence 128: about 0.1 ms per l
 :class:`CompactEncoder` runs the same kernels in one flat loop on (batch * seq, d) activations:
 
 * token + position embeddings;
-* each pre-LN block: ``F.layer_norm``, one Q/K/V ``addmm`` on the model's own per-head interleaved
-  weight (a prefix of heads is a contiguous view), SDPA with the model's boolean key mask (built
-  only when the batch has padding), ``addmm`` with the output weight the model already stores
-  transposed and the residual added in place; then ``F.layer_norm``, ``addmm``, GELU, ``addmm``
+* each pre-LN block: ``F.layer_norm``, the head-subset attention the model runs
+  (:func:`~budgeted_attention.model.heads.attend` on the model's own weights, with its boolean
+  key mask built only when the batch has padding) and the residual added in place; then ``F.layer_norm``, ``addmm``, GELU, ``addmm``
   with the second FFN weight stored transposed (a copy, so a prefix of neurons is a contiguous
   view) and the residual added in place;
 * a sub-layer running no heads (or no FFN neurons) adds only its output bias, as the model does;

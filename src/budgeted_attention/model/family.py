@@ -243,22 +243,6 @@ class GatedModel(nn.Module):
             return list(matrix.unbind(0))
         return [matrix[layer].index_select(0, ids.to(matrix.device)) for layer, ids in enumerate(index)]
 
-    def full_grid_mask(self) -> torch.Tensor:
-        """(n_layers, n_heads) 0/1 mask of the heads the forward pass runs."""
-        mask = torch.zeros(self.n_layers, self.n_heads)
-        for layer, heads in enumerate(self.active_head_ids()):
-            mask[layer, heads] = 1.0
-        return mask
-
-    def full_grid_masks(self) -> UnitGates:
-        """0/1 masks of the heads and (when gated) FFN groups the forward pass runs."""
-        if not self.has_ffn_units:
-            return UnitGates(self.full_grid_mask(), None)
-        groups = torch.zeros(self.n_layers, self.n_groups)
-        for layer, ids in enumerate(self.active_group_ids()):
-            groups[layer, ids] = 1.0
-        return UnitGates(self.full_grid_mask(), groups)
-
     # ------------------------------------------------------------------ per-input routing
 
     def attach_router(self, cfg: RouterConfig) -> HeadRouter:
@@ -372,10 +356,6 @@ class GatedModel(nn.Module):
         for layer, (count, have) in enumerate(zip(counts, present)):
             if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= have:
                 raise ValueError(f"active {what} count of layer {layer} must be in [0, {have}], got {count!r}")
-
-    def set_active_heads(self, counts: list[int]) -> None:
-        """Run only the first ``counts[l]`` physical heads of layer l (views, no copies)."""
-        self.set_active(counts, None)
 
     def pruned_copy(self, kept: list[list[int]], groups: list[list[int]] | None = None) -> GatedModel:
         """A physically smaller copy keeping ``kept[l]`` original heads (and ``groups[l]`` FFN groups)
