@@ -100,7 +100,13 @@ class GatedBertSelfAttention(nn.Module):
             weight = interleave_qkv(*(linear.weight for linear in linears), self.head_dim)
             return weight, interleave_qkv(*(linear.bias for linear in linears), self.head_dim), output_dense.weight.t()
 
-        return build() if torch.is_grad_enabled() else self._fused.get((), sources, build)
+        def versioned() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            # Built outside inference mode even under it: the lean copy takes these tensors and
+            # caches head sets gathered from them, which needs their version counters.
+            with torch.inference_mode(False), torch.no_grad():
+                return build()
+
+        return build() if torch.is_grad_enabled() else self._fused.get((), sources, versioned)
 
     def forward(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, selection: LayerSelection, output_dense: nn.Linear

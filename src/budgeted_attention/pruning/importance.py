@@ -8,7 +8,7 @@
 
 Every score takes the task's loss (:mod:`budgeted_attention.tasks`: cross-entropy on labels, or
 next-token loss of a language model). Both return (n_layers, n_heads) scores, higher = more important, for
-:meth:`HeadRanking.from_scores`; ``unit_gradient_importance`` scores heads and FFN groups.
+:meth:`Ranking.from_scores`; ``unit_gradient_importance`` scores heads and FFN groups.
 
 * ``ffn_neuron_importance``: DynaBERT's neuron reordering score, |sum over tokens of
   activation x dLoss/dactivation| per FFN neuron (the gradient of a per-neuron mask),
