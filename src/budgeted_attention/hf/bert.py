@@ -262,6 +262,10 @@ class GatedBertClassifier(GatedModel):
     def input_embedding(self) -> nn.Embedding:
         return self.hf.get_input_embeddings()
 
+    @property
+    def pad_id(self) -> int:
+        return int(self.hf.config.pad_token_id or 0)
+
     def _physical_keep(self, positions: list[list[int]]) -> None:
         for attention, dense, layer_positions in zip(self.attentions, self.output_denses, positions):
             attention.keep_heads(list(layer_positions), dense)

@@ -21,6 +21,7 @@ removes groups, prefix slicing serves nested budgets.
 from __future__ import annotations
 
 import copy
+from abc import ABCMeta, abstractmethod
 from typing import Any, ClassVar
 
 import torch
@@ -32,7 +33,7 @@ from budgeted_attention.model.gates import DENSE, BudgetGates, LayerSelection, U
 from budgeted_attention.model.router import HeadRouter, RouterConfig, pooled_embeddings
 
 
-class GatedModel(nn.Module):
+class GatedModel(nn.Module, metaclass=ABCMeta):
     """Base class of gated classifiers: budget gates over a (layer, head) grid, prunable heads.
 
     Family subclasses set ``family`` and implement ``_run`` (the forward pass with per-layer
@@ -118,7 +119,8 @@ class GatedModel(nn.Module):
         return self.head_ids == identity_head_ids(self.n_layers, self.n_heads) and groups_identity
 
     @property
-    def max_len(self) -> int:  # pragma: no cover - abstract
+    @abstractmethod
+    def max_len(self) -> int:
         """Longest input sequence the model accepts, in tokens."""
         raise NotImplementedError
 
@@ -274,13 +276,25 @@ class GatedModel(nn.Module):
             return [LayerSelection(heads=h) for h in self.head_positions(self.router.decide_sets(pooled, budget))]
         return [LayerSelection(chosen=c) for c in self.router.decide(pooled, budget).unbind(1)]
 
-    def input_embedding(self) -> nn.Embedding:  # pragma: no cover - abstract
+    @abstractmethod
+    def input_embedding(self) -> nn.Embedding:
         """Family hook: the token embedding table (the router pools it over the input)."""
         raise NotImplementedError
 
     # Our tokenizers keep the first ids for their special tokens ([PAD], [UNK], [CLS] or <pad>,
     # <eod>, <unk>); a family with another vocabulary layout overrides ``special_ids``.
     special_ids = 3
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the token embedding: token ids are in [0, vocab_size)."""
+        return self.input_embedding().num_embeddings
+
+    @property
+    @abstractmethod
+    def pad_id(self) -> int:
+        """Family hook: the id padding positions carry (synthetic padded inputs use it)."""
+        raise NotImplementedError
 
     def first_ordinary_id(self) -> int:
         """The first id of an ordinary word token, the low end of every synthetic input (bench,
@@ -383,41 +397,50 @@ class GatedModel(nn.Module):
 
     # ------------------------------------------------------------------ family hooks
 
-    def _physical_keep(self, positions: list[list[int]]) -> None:  # pragma: no cover - abstract
+    @abstractmethod
+    def _physical_keep(self, positions: list[list[int]]) -> None:
         """Keep physical heads at ``positions[l]`` (storage positions, in that order)."""
         raise NotImplementedError
 
-    def _set_active(self, counts: list[int]) -> None:  # pragma: no cover - abstract
+    @abstractmethod
+    def _set_active(self, counts: list[int]) -> None:
         raise NotImplementedError
 
     def _after_surgery(self) -> None:
         """Family hook: refresh derived state (e.g. a config) after :meth:`keep_units`."""
 
-    def _physical_keep_ffn(self, positions: list[list[int]]) -> None:  # pragma: no cover - abstract
+    @abstractmethod
+    def _physical_keep_ffn(self, positions: list[list[int]]) -> None:
         """Keep physical FFN groups at ``positions[l]`` (storage positions, in that order)."""
         raise NotImplementedError
 
-    def _set_active_ffn(self, counts: list[int]) -> None:  # pragma: no cover - abstract
+    @abstractmethod
+    def _set_active_ffn(self, counts: list[int]) -> None:
         raise NotImplementedError
 
-    def _permute_ffn(self, orders: list[list[int]]) -> None:  # pragma: no cover - abstract
+    @abstractmethod
+    def _permute_ffn(self, orders: list[list[int]]) -> None:
         """Permute FFN neurons of every layer (rows of the first linear, columns of the second)."""
         raise NotImplementedError
 
-    def ffn_widths(self) -> list[int]:  # pragma: no cover - abstract
+    @abstractmethod
+    def ffn_widths(self) -> list[int]:
         """Physical FFN neurons per layer."""
         raise NotImplementedError
 
-    def ffn_activations(self) -> list[nn.Module]:  # pragma: no cover - abstract
+    @abstractmethod
+    def ffn_activations(self) -> list[nn.Module]:
         """Per layer, the module whose output is the FFN hidden activation (batch, seq, width):
         used to score neurons by gradient x activation on training data."""
         raise NotImplementedError
 
-    def cost_model(self, seq_len: int) -> CostModel:  # pragma: no cover - abstract
+    @abstractmethod
+    def cost_model(self, seq_len: int) -> CostModel:
         """FLOP cost model of the full (unpruned) architecture at ``seq_len`` tokens."""
         raise NotImplementedError
 
-    def plain_reference(self) -> nn.Module:  # pragma: no cover - abstract
+    @abstractmethod
+    def plain_reference(self) -> nn.Module:
         """A dense model without gate code running the same kernels, same weights (unpruned only).
 
         Called as ``reference(input_ids, attention_mask)``; logits equal ``self(ids, mask)`` at b = 1.
@@ -453,11 +476,13 @@ class GatedModel(nn.Module):
         cleared; None when there are none. The training stages add it to every step's loss."""
         return None if self.router is None else self.router.take_loss()
 
-    def describe(self) -> dict[str, Any]:  # pragma: no cover - abstract
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
         """JSON-serialisable architecture (including ``head_ids``) that :meth:`from_description` rebuilds."""
         raise NotImplementedError
 
     @classmethod
-    def from_description(cls, description: dict[str, Any]) -> GatedModel:  # pragma: no cover - abstract
+    @abstractmethod
+    def from_description(cls, description: dict[str, Any]) -> GatedModel:
         """A model of the described architecture (weights to be loaded afterwards)."""
         raise NotImplementedError

@@ -200,6 +200,10 @@ class BlockStack(GatedModel):
     def input_embedding(self) -> nn.Embedding:
         return self.token_embedding
 
+    @property
+    def pad_id(self) -> int:
+        return int(self.config.pad_id)
+
     def _physical_keep(self, positions: list[list[int]]) -> None:
         for block, layer_positions in zip(self.blocks, positions):
             block.attn.keep_heads(layer_positions)

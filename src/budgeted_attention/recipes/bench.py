@@ -45,10 +45,7 @@ def run_bench(
     model, description = load_model(checkpoint)
     ranking = load_ranking(checkpoint, description, model)
     token_lengths = _run_lengths(run) if lengths else None
-    pad_id = getattr(getattr(model, "config", None), "pad_id", 0)
-    if model.family == "bert":
-        pad_id = int(model.hf.config.pad_token_id or 0)
-    result = bench_ranking(model, ranking, cfg, lengths=token_lengths, pad_id=pad_id, progress=progress)
+    result = bench_ranking(model, ranking, cfg, lengths=token_lengths, pad_id=model.pad_id, progress=progress)
     result["checkpoint"] = str(checkpoint)
     json_file = Path(json_path) if json_path else run.bench_json
     write_json_atomic(json_file, result)
