@@ -21,6 +21,7 @@ from budgeted_attention.data.synthetic import SyntheticConfig
 from budgeted_attention.data.text import TextDataConfig
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.config import MetaConfig, ModelConfig
+from budgeted_attention.model.registry import families_with, get_family
 from budgeted_attention.model.router import RouterConfig
 from budgeted_attention.pipeline.methods import check_method_names, check_methods
 from budgeted_attention.recipes.families import PretrainedConfig
@@ -91,17 +92,20 @@ class ExperimentConfig:
 
 
 def check_family_names(cfg: ExperimentConfig) -> None:
-    """Every check of the config on model family names (to become capabilities of a family registry)."""
-    if cfg.budget_scope == "all" and cfg.model_family in ("encoder", "decoder") and (cfg.model.d_ff == 0 or cfg.model.d_ff % cfg.ffn_group_size):
+    """The config's family against the registry's capabilities (no list of family names here)."""
+    family = get_family(cfg.model_family)
+
+    def names(capability: str) -> str:
+        return " or ".join(f"'{name}'" for name in families_with(capability))
+
+    if cfg.budget_scope == "all" and not family.supports("pretrained") and (cfg.model.d_ff == 0 or cfg.model.d_ff % cfg.ffn_group_size):
         raise ConfigError(f"ffn_group_size ({cfg.ffn_group_size}) must divide model.d_ff ({cfg.model.d_ff}), which must be > 0")
-    if cfg.model_family not in ("encoder", "bert", "decoder"):
-        raise ConfigError(f"model_family must be 'encoder', 'bert' or 'decoder', got {cfg.model_family!r}")
-    if (cfg.task == "lm") != (cfg.model_family == "decoder"):
-        raise ConfigError(f"task 'lm' needs model_family 'decoder' and the decoder needs task 'lm'; got task {cfg.task!r} with model_family {cfg.model_family!r}")
-    if "ladder" in cfg.methods and cfg.model_family not in ("encoder", "decoder"):
-        raise ConfigError("method 'ladder' needs model_family 'encoder' or 'decoder' and a non-empty 'ladder' list of model shapes")
-    if {"budgetformer", "capped-routing"} & set(cfg.methods) and (cfg.model_family not in ("encoder", "bert") or cfg.budget_scope != "heads"):
-        raise ConfigError("budgetformer / capped-routing route heads per input: model_family 'encoder' or 'bert' with budget_scope 'heads'")
+    if (cfg.task == "lm") != family.supports("lm"):
+        raise ConfigError(f"task 'lm' needs model_family {names('lm')} and the decoder needs task 'lm'; got task {cfg.task!r} with model_family {cfg.model_family!r}")
+    if "ladder" in cfg.methods and not family.supports("depth"):
+        raise ConfigError(f"method 'ladder' needs model_family {names('depth')} and a non-empty 'ladder' list of model shapes")
+    if {"budgetformer", "capped-routing"} & set(cfg.methods) and (not family.supports("routing") or cfg.budget_scope != "heads"):
+        raise ConfigError(f"budgetformer / capped-routing route heads per input: model_family {names('routing')} with budget_scope 'heads'")
 
 
 # Config keys added after runs were stamped, with their defaults: left out of the digest while at
@@ -163,5 +167,5 @@ def load_experiment_config(path: str, overrides: list[str] | None = None, task: 
     if task == "lm":
         if data.get("task", "lm") != "lm":
             raise ConfigError(f"'{path}' sets task {data['task']!r}; 'baa lm' runs language models (task: lm), use 'baa experiment' for it")
-        data = {"task": "lm", "model_family": "decoder", **data}
+        data = {"task": "lm", "model_family": families_with("lm")[0], **data}  # the first LM family is the default
     return config_from_dict(data, overrides)
