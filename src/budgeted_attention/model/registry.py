@@ -53,7 +53,8 @@ class Family:
     Attributes:
         name: the ``model_family`` config value and the ``family`` field of checkpoints.
         model_class: ``"module:Class"`` of its :class:`~budgeted_attention.model.family.GatedModel`.
-        builder: ``"module:Class"`` of the pipeline builder that makes its first model.
+        builder: ``"module:Class"`` of the pipeline builder that makes its first model (named,
+            not imported: the registry sits below the pipeline).
         capabilities: what it supports.
         extra: the pip extra its optional dependencies come from ("" when none).
     """
@@ -92,16 +93,16 @@ FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (
         Family(
-            "encoder", "budgeted_attention.model.transformer:EncoderClassifier", "budgeted_attention.recipes.families:EncoderBuilder",
+            "encoder", "budgeted_attention.model.transformer:EncoderClassifier", "budgeted_attention.pipeline.builders:EncoderBuilder",
             Capabilities(classify=True, lm=False, routing=True, lean=True, onnx=True, ffn_units=True, depth=True, pretrained=False),
         ),
         Family(
-            "bert", "budgeted_attention.hf.bert:GatedBertClassifier", "budgeted_attention.recipes.families:PretrainedBuilder",
+            "bert", "budgeted_attention.hf.bert:GatedBertClassifier", "budgeted_attention.pipeline.builders:PretrainedBuilder",
             Capabilities(classify=True, lm=False, routing=True, lean=True, onnx=True, ffn_units=True, depth=False, pretrained=True),
             extra="hf",
         ),
         Family(
-            "decoder", "budgeted_attention.model.decoder:CausalLM", "budgeted_attention.recipes.families:DecoderBuilder",
+            "decoder", "budgeted_attention.model.decoder:CausalLM", "budgeted_attention.pipeline.builders:DecoderBuilder",
             Capabilities(classify=False, lm=True, routing=False, lean=False, onnx=False, ffn_units=True, depth=True, pretrained=False),
         ),
     )

@@ -23,8 +23,8 @@ from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.config import MetaConfig, ModelConfig
 from budgeted_attention.model.registry import families_with, get_family
 from budgeted_attention.model.router import RouterConfig
+from budgeted_attention.pipeline.builders import PretrainedConfig
 from budgeted_attention.pipeline.methods import check_method_names, check_methods
-from budgeted_attention.recipes.families import PretrainedConfig
 from budgeted_attention.tasks import TASKS, Task
 from budgeted_attention.training.config import TrainConfig
 

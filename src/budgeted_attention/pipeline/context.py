@@ -24,8 +24,8 @@ from budgeted_attention.tasks import CLASSIFY, Task
 from budgeted_attention.training.routing import routing_statistics
 
 if TYPE_CHECKING:
+    from budgeted_attention.pipeline.builders import EncoderBuilder, PretrainedBuilder
     from budgeted_attention.pipeline.config import ExperimentConfig
-    from budgeted_attention.recipes.families import EncoderBuilder, PretrainedBuilder
 
 
 def make_splits(cfg: ExperimentConfig, run: RunDir, pretrained_tokenizer=None) -> TensorSplits:

@@ -32,7 +32,7 @@ from budgeted_attention.pipeline.context import RunContext, make_splits
 from budgeted_attention.pipeline.methods import plan
 from budgeted_attention.pipeline.outputs import Collected, write_outputs
 from budgeted_attention.pipeline.units import UNIT_DIGEST_KEY, Unit
-from budgeted_attention.recipes.families import make_builder
+from budgeted_attention.pipeline.builders import make_builder
 from budgeted_attention.reporting.rows import ResultRow
 from budgeted_attention.rundir import RunDir
 from budgeted_attention.runlock import RunDirLock
