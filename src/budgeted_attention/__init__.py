@@ -26,7 +26,7 @@ def __getattr__(name: str):
     # The API pulls in torch and the model code: loaded on first use, so `import
     # budgeted_attention` (and `baa --help`) stay fast.
     if name in _API:
-        from budgeted_attention import api  # noqa: PLC0415
+        from budgeted_attention import api  # noqa: PLC0415 - torch and the models load on first use
 
         return getattr(api, name)
     raise AttributeError(f"module 'budgeted_attention' has no attribute {name!r}")

@@ -19,7 +19,7 @@ def validate_budget(budget: object) -> float:
     """
     if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
         try:
-            import torch
+            import torch  # noqa: PLC0415 - a tensor budget means torch is loaded; the package import stays torch-free
 
             if isinstance(budget, torch.Tensor) and budget.numel() == 1:
                 return validate_budget(float(budget.item()))

@@ -28,12 +28,14 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
 
 from budgeted_attention.errors import BAAError, CheckpointError, ConfigError
 from budgeted_attention.io import atomic_path, sha256_file, write_json_atomic
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.registry import FAMILIES
 from budgeted_attention.model.router import RouterConfig
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.rundir import RunDir
 
 FORMAT = "budgeted_attention/2"
@@ -88,8 +90,6 @@ def save_model(model: GatedModel, path: str | Path, *, artifacts_dir: str | Path
 
 def _tokenizer_size(path: Path) -> int:
     """Tokens of a ``tokenizers`` JSON file (added tokens included: ids the model can receive)."""
-    from tokenizers import Tokenizer  # noqa: PLC0415
-
     try:
         return Tokenizer.from_file(str(path)).get_vocab_size()
     except Exception as exc:  # the Rust side raises plain Exception subclasses on malformed files
@@ -240,8 +240,6 @@ def parse_ranking(path: str | Path, description: dict[str, Any]):
     Raises:
         CheckpointError: no ranking (not a budgeted-hard checkpoint) or a malformed one.
     """
-    from budgeted_attention.pruning.selection import Ranking  # noqa: PLC0415
-
     _, meta_path = checkpoint_paths(path)
     if "ranking" not in description:
         raise CheckpointError(f"'{meta_path}' has no head ranking (not a budgeted-hard checkpoint)")

@@ -12,9 +12,11 @@ import math
 import os
 import sys
 import warnings
+from pathlib import Path
 from typing import NoReturn
 
 from budgeted_attention import __version__
+from budgeted_attention.budget import parse_budgets
 from budgeted_attention.errors import BAAError, ConfigError
 from budgeted_attention.rundir import RunDir
 
@@ -37,8 +39,6 @@ def _csv_ints(text: str) -> list[int]:
 
 
 def _budgets(text: str) -> list[float]:
-    from budgeted_attention.budget import parse_budgets
-
     try:
         return parse_budgets(text)
     except ValueError as exc:
@@ -184,7 +184,7 @@ def _runtime_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from budgeted_attention.recipes.demo import load_demo_config, run_demo
+    from budgeted_attention.recipes.demo import load_demo_config, run_demo  # noqa: PLC0415 - `baa --help` loads no command's stack
 
     cfg = load_demo_config(args.config, _runtime_overrides(args), args.quick)
     run_demo(cfg, args.out, progress=not args.no_progress)
@@ -196,13 +196,13 @@ def _set_threads(args: argparse.Namespace) -> None:
     runs at torch's default on one machine oversubscribe its cores, and each slows down several
     times over."""
     if getattr(args, "threads", None):
-        import torch
+        import torch  # noqa: PLC0415 - `baa --help` loads no command's stack
 
         torch.set_num_threads(args.threads)
 
 
 def _cmd_experiment(args: argparse.Namespace) -> int:
-    from budgeted_attention.pipeline import run_experiment
+    from budgeted_attention.pipeline import run_experiment  # noqa: PLC0415 - `baa --help` loads no command's stack
 
     _set_threads(args)
     run_experiment(
@@ -212,7 +212,7 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
 
 
 def _cmd_lm(args: argparse.Namespace) -> int:
-    from budgeted_attention.pipeline import run_experiment
+    from budgeted_attention.pipeline import run_experiment  # noqa: PLC0415 - `baa --help` loads no command's stack
 
     _set_threads(args)
     run_experiment(
@@ -223,7 +223,7 @@ def _cmd_lm(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from budgeted_attention.recipes.bench import run_bench
+    from budgeted_attention.recipes.bench import run_bench  # noqa: PLC0415 - `baa --help` loads no command's stack
 
     run_bench(
         args.run_dir,
@@ -246,7 +246,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_routing(args: argparse.Namespace) -> int:
-    from budgeted_attention.recipes.bench_routing import run_bench_routing
+    from budgeted_attention.recipes.bench_routing import run_bench_routing  # noqa: PLC0415 - `baa --help` loads no command's stack
 
     run_bench_routing(
         args.run_dir, seed=args.seed, seq_lens=args.seq_lens, blocks=args.blocks, threads=args.threads, rounds=args.rounds,
@@ -256,15 +256,15 @@ def _cmd_bench_routing(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from budgeted_attention.serving.cli import serve
+    from budgeted_attention.serving.cli import serve  # noqa: PLC0415 - `baa --help` loads no command's stack
 
     serve(args)
     return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description, verify_artifacts
-    from budgeted_attention.export.onnx import export_budgets
+    from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description, verify_artifacts  # noqa: PLC0415 - `baa --help` loads no command's stack
+    from budgeted_attention.export.onnx import export_budgets  # noqa: PLC0415 - `baa --help` loads no command's stack
 
     run, checkpoint = RunDir.locate(args.run_dir, args.seed, command="baa experiment")
     parse_ranking(checkpoint, read_description(checkpoint))
@@ -276,7 +276,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    from budgeted_attention.recipes.merge import run_merged
+    from budgeted_attention.recipes.merge import run_merged  # noqa: PLC0415 - `baa --help` loads no command's stack
 
     seeds = run_merged(args.parts, args.out, progress=not args.no_progress)
     print(f"merged {len(args.parts)} runs into {args.out} (seeds {', '.join(map(str, seeds))}); "
@@ -285,9 +285,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from budgeted_attention.reporting.report import update_report, write_report
+    from budgeted_attention.reporting.report import update_report, write_report  # noqa: PLC0415 - `baa --help` loads no command's stack
 
     # The document's header names the command: sys.argv when this process is 'baa report', else its equivalent.
     if sys.argv[1:2] == ["report"]:
@@ -320,7 +318,7 @@ def _malformed_checkpoint_errors() -> tuple[type[BaseException], ...]:
     """Errors of the file formats a checkpoint is read with (raised on malformed files)."""
     found: list[type[BaseException]] = []
     try:
-        from safetensors import SafetensorError  # noqa: PLC0415
+        from safetensors import SafetensorError  # noqa: PLC0415 - `baa --help` loads no command's stack
 
         found.append(SafetensorError)
     except ImportError:  # pragma: no cover - safetensors is a hard dependency

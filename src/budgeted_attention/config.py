@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from budgeted_attention.budget import validate_budget
 from budgeted_attention.errors import ConfigError
 
 T = TypeVar("T")
@@ -151,8 +152,6 @@ def check_str(value: Any, key: str, *, allow_empty: bool = True) -> str:
 
 def check_budgets(values: Any, key: str, *, allow_empty: bool = False) -> list[float]:
     """Budgets (finite numbers in (0, 1]) as floats; ``ConfigError`` naming ``key[i]`` and the value."""
-    from budgeted_attention.budget import validate_budget
-
     if not isinstance(values, (list, tuple)):
         raise ConfigError(f"{key} must be a list of budgets in (0, 1], got {values!r}")
     if not values and not allow_empty:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from budgeted_attention.errors import DataError
+from budgeted_attention.config import check_bool, check_str
+from budgeted_attention.errors import ConfigError, DataError
 
 AG_NEWS_CLASSES = ["World", "Sports", "Business", "Sci/Tech"]
 DBPEDIA_CLASSES = [
@@ -67,9 +68,6 @@ class DataSourceConfig:
 
     def __post_init__(self) -> None:
         """Check every value, naming ``data.<key>`` (``ConfigError``); files are looked up at load time."""
-        from budgeted_attention.config import check_bool, check_str  # noqa: PLC0415 - avoids an import cycle
-        from budgeted_attention.errors import ConfigError  # noqa: PLC0415
-
         known = ("bbc-news", "bbc-short", "ag_news", "dbpedia_14", "csv", "synthetic")
         if self.source not in known:
             raise ConfigError(f"data.source must be one of {', '.join(known)}; got {self.source!r}")

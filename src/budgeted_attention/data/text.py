@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
+from budgeted_attention.config import check_float, check_int
 from budgeted_attention.data.dataset import Split, TensorSplits
 from budgeted_attention.data.sources import DataSourceConfig, Example, RawDataset, load_source
 from budgeted_attention.errors import ConfigError, DataError
@@ -40,8 +41,6 @@ class TextDataConfig(DataSourceConfig):
 
     def __post_init__(self) -> None:
         """Check every value, naming ``data.<key>`` (``ConfigError``)."""
-        from budgeted_attention.config import check_float, check_int  # noqa: PLC0415
-
         super().__post_init__()
         check_int(self.split_seed, "data.split_seed")
         self.val_fraction = check_float(self.val_fraction, "data.val_fraction", gt=0.0, lt=1.0)

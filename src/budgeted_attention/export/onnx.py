@@ -66,7 +66,7 @@ def example_inputs(model: GatedModel, batch: int, seq: int, seed: int = 0) -> tu
 
 def make_session(path: str | Path, threads: int = 1):
     """An ONNX Runtime CPU session with ``threads`` intra-op threads (one inter-op thread)."""
-    import onnxruntime as ort  # noqa: PLC0415
+    import onnxruntime as ort  # noqa: PLC0415 - onnxruntime is optional (the serve extra)
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from budgeted_attention.errors import CheckpointError
@@ -131,7 +132,7 @@ def _read_model_type(path: str) -> object:
         if not isinstance(description, dict):
             raise CheckpointError(f"'{config_file}' does not hold a JSON object")
         return description.get("model_type")
-    from transformers import AutoConfig  # noqa: PLC0415
+    from transformers import AutoConfig  # noqa: PLC0415 - transformers is optional (the hf extra); importing it costs seconds
 
     try:
         return AutoConfig.from_pretrained(path).model_type
@@ -147,7 +148,7 @@ def _first_line(exc: BaseException) -> str:
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
     """Silence transformers' multi-line load report and its progress bar, restoring both after."""
-    from transformers.utils import logging as hf_logging  # noqa: PLC0415
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415 - transformers is optional (the hf extra); importing it costs seconds
 
     verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
@@ -163,7 +164,6 @@ def _quiet_transformers() -> Iterator[None]:
 def _load_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [OSError, ValueError, RuntimeError, KeyError, TypeError]
     with contextlib.suppress(ImportError):
-        from safetensors import SafetensorError  # noqa: PLC0415
 
         errors.append(SafetensorError)
     return tuple(errors)

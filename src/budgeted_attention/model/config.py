@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from budgeted_attention.config import check_bool, check_float, check_int
+from budgeted_attention.config import check_bool, check_float, check_int, from_dict
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.gates import validate_head_ids
 
@@ -211,6 +211,4 @@ class ModelConfig:
 
     @classmethod
     def from_json_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        from budgeted_attention.config import from_dict
-
         return from_dict(cls, data, "model")

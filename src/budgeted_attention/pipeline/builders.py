@@ -24,7 +24,7 @@ class PretrainedConfig:
 
     def resolved(self) -> str:
         if self.path == "minilm":
-            from budgeted_attention.hf.bert import minilm_path  # noqa: PLC0415
+            from budgeted_attention.hf.bert import minilm_path  # noqa: PLC0415 - needs transformers (the hf extra): loaded with the bert family only
 
             return str(minilm_path())
         return self.path
@@ -75,10 +75,10 @@ class PretrainedBuilder:
     """A pretrained BERT-family classifier (BERT, RoBERTa, ELECTRA, MiniLM...) with its own tokenizer."""
 
     def __init__(self, pretrained: PretrainedConfig, ffn_group_size: int = 0) -> None:
-        from transformers import AutoConfig  # noqa: PLC0415
+        from transformers import AutoConfig  # noqa: PLC0415 - transformers is optional (the hf extra), needed by the bert family only
 
-        from budgeted_attention.hf.architectures import architecture_of  # noqa: PLC0415
-        from budgeted_attention.hf.bert import bert_max_len  # noqa: PLC0415
+        from budgeted_attention.hf.architectures import architecture_of  # noqa: PLC0415 - needs transformers (the hf extra): loaded with the bert family only
+        from budgeted_attention.hf.bert import bert_max_len  # noqa: PLC0415 - needs transformers (the hf extra): loaded with the bert family only
 
         self.path = pretrained.resolved()
         architecture_of(self.path)  # an unsupported architecture fails here, before any work
@@ -96,7 +96,7 @@ class PretrainedBuilder:
         return cls(pretrained, ffn_group_size)
 
     def pretrained_tokenizer(self):
-        from transformers import AutoTokenizer  # noqa: PLC0415
+        from transformers import AutoTokenizer  # noqa: PLC0415 - transformers is optional (the hf extra), needed by the bert family only
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(self.path)
@@ -112,7 +112,7 @@ class PretrainedBuilder:
         self.num_labels = splits.n_classes
 
     def create(self) -> GatedModel:
-        from budgeted_attention.hf.bert import load_gated_bert  # noqa: PLC0415
+        from budgeted_attention.hf.bert import load_gated_bert  # noqa: PLC0415 - needs transformers (the hf extra): loaded with the bert family only
 
         return load_gated_bert(self.path, self.num_labels, ffn_group_size=self.ffn_group_size)
 

@@ -14,6 +14,7 @@ from budgeted_attention.config import load_yaml
 from budgeted_attention.data.lm import load_documents, split_documents, token_blocks
 from budgeted_attention.errors import ConfigError, DataError
 from budgeted_attention.io import write_json_atomic, write_text_atomic
+from budgeted_attention.pipeline import config_from_dict
 from budgeted_attention.rundir import RunDir
 
 
@@ -22,7 +23,6 @@ def run_bench_routing(
     min_run_time: float, soft_loss: bool = True, progress: bool = True, log=print,
 ) -> dict[str, Any]:
     """Time and evaluate the run's routed model at ``seq_lens``; writes ``routing_bench.{json,md}``."""
-    from budgeted_attention.pipeline import config_from_dict  # noqa: PLC0415
 
     run = RunDir.open(run_dir)
     cfg = config_from_dict(load_yaml(run.config))

@@ -41,8 +41,10 @@ import yaml
 from budgeted_attention.config import to_dict
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.io import pid_alive, write_json_atomic, write_yaml_atomic
+from budgeted_attention.pipeline import Experiment, config_digest, config_from_dict
 from budgeted_attention.rundir import RunDir
 from budgeted_attention.runlock import RunDirLock, abandoned, current_holder, describe_holder
+from budgeted_attention.training import distributed
 
 
 def _read_part(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -66,7 +68,6 @@ def _read_part(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 def _check_stamp(part: Path, config: dict[str, Any]) -> None:
     """Refuse a part whose config is not the one its config digest stamped (edited after the run:
     its units were computed under another config)."""
-    from budgeted_attention.pipeline import config_digest, config_from_dict  # noqa: PLC0415
 
     run = RunDir(part).check(RunDir.config_digest)
     stamped = run.config_digest.read_text(encoding="utf-8").strip()
@@ -121,7 +122,6 @@ def _resolved(config: dict[str, Any], part: Path) -> dict[str, Any]:
     """A part's config as the experiment resolves it (defaults filled in, so a part written by
     older code, without a key added since at its default, equals a newer one), seeds and the
     training device left out: where a seed trained is not what it computed."""
-    from budgeted_attention.pipeline import config_from_dict  # noqa: PLC0415
 
     try:
         resolved = to_dict(config_from_dict({**config, "seeds": [0]}))
@@ -227,9 +227,6 @@ def run_merged(parts: list[str | Path], out: str | Path, progress: bool = True, 
     again). Everything is built in a temporary sibling (locked while it is built) and renamed at
     the end, so a failed merge leaves nothing behind; a merge with missing units is refused.
     Returns the merged seeds."""
-    from budgeted_attention.pipeline import Experiment, config_from_dict  # noqa: PLC0415
-    from budgeted_attention.training import distributed  # noqa: PLC0415
-
     paths = [Path(p) for p in parts]
     if len(paths) < 2:
         raise ConfigError("merge needs at least two run directories")

@@ -19,11 +19,15 @@ from typing import Any
 
 import yaml
 
+from budgeted_attention.benchmark.routing import routing_bench_markdown
 from budgeted_attention.errors import BAAError
 from budgeted_attention.io import atomic_path, write_text_atomic
 from budgeted_attention.reporting.bench_table import bench_table
 from budgeted_attention.reporting.ladder import ladder_markdown
+from budgeted_attention.reporting.per_input import routed_markdown
 from budgeted_attention.reporting.results import LOSS_METRIC, aggregate, markdown_table, metric_of, routing_table
+from budgeted_attention.reporting.serve_load import serve_load_markdown
+from budgeted_attention.reporting.serve_soak import serve_soak_markdown
 from budgeted_attention.reporting.summary import headline, headline_markdown
 from budgeted_attention.rundir import RunDir
 
@@ -253,23 +257,15 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
             lines += [f"Checkpoint: `{bench['checkpoint']}`", ""]
         lines.append(bench_table(bench).rstrip("\n"))
     if run.get("routing_bench"):
-        from budgeted_attention.benchmark.routing import routing_bench_markdown  # noqa: PLC0415
-
         lines += ["", f"### {run['name']}: hard routing vs full attention at long sequences (`{RunDir.routing_bench_json.name}`)", ""]
         if run["routing_bench"].get("checkpoint"):
             lines += [f"Checkpoint: `{run['routing_bench']['checkpoint']}`", ""]
         lines.append(routing_bench_markdown(run["routing_bench"]).rstrip("\n"))
     if run.get("routed"):
-        from budgeted_attention.reporting.per_input import routed_markdown  # noqa: PLC0415
-
         lines += ["", f"### {run['name']}: per-input head routing (`{RunDir.routed_json.name}`)", "", routed_markdown(run["routed"]).rstrip("\n")]
     if run.get("serve_load"):
-        from budgeted_attention.reporting.serve_load import serve_load_markdown  # noqa: PLC0415
-
         lines += ["", f"### {run['name']}: load test of baa serve (`{RunDir.serve_load.name}`)", "", serve_load_markdown(run["serve_load"]).rstrip("\n")]
     if run.get("serve_soak"):
-        from budgeted_attention.reporting.serve_soak import serve_soak_markdown  # noqa: PLC0415 - one module per section kind
-
         lines += ["", f"### {run['name']}: faults and hostile clients (`{RunDir.serve_soak.name}`)", "", serve_soak_markdown(run["serve_soak"]).rstrip("\n")]
     if run["figures"]:
         lines += ["", f"### {run['name']}: figures", ""]

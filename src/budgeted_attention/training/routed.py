@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from budgeted_attention.data.dataset import Split
+from budgeted_attention.data.synthetic import marker_counts
 from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.router import pooled_embeddings
@@ -298,8 +299,6 @@ def difficulty_profile(heads: list[int], dense: GatedModel, split: Split, source
         "by_dense_loss": bins(quartile, ["Q1 (easiest)", "Q2", "Q3", "Q4 (hardest)"]),
     }
     if source == "synthetic":
-        from budgeted_attention.data.synthetic import marker_counts  # noqa: PLC0415
-
         markers = marker_counts(split.input_ids)
         values = sorted(int(m) for m in markers.unique())
         profile["by_markers"] = bins(torch.tensor([values.index(int(m)) for m in markers]), [str(v) for v in values])

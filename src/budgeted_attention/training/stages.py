@@ -159,7 +159,7 @@ def _distributed_step(model: nn.Module, loss_fn: LossFn, runtime: distributed.Ru
     step = _LossStep(model, loss_fn)
     if not runtime.distributed:
         return step
-    from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
+    from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415 - DDP only under torchrun
 
     device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
     # find_unused_parameters: the dense stage leaves the gates unused, hard stages freeze them.
