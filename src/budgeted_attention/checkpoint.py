@@ -25,7 +25,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
@@ -266,12 +265,3 @@ def load_ranking(path: str | Path, description: dict[str, Any], model: GatedMode
             f"ranking in '{meta_path}' is for {ranking.n_groups} FFN groups per layer, the model has {model.n_groups}"
         )
     return ranking
-
-
-def load_state(path: str | Path) -> dict[str, torch.Tensor]:
-    """Raw tensors of a checkpoint (hash-checked), e.g. for inspection."""
-    weights_path, _ = checkpoint_paths(path)
-    description = read_description(path)
-    if sha256_file(weights_path) != description.get("weights_sha256"):
-        raise CheckpointError(f"'{weights_path}' does not match its description (SHA-256 differs)")
-    return load_file(str(weights_path))

@@ -12,7 +12,6 @@ unpadded batch gives the same result through it.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
@@ -136,12 +135,3 @@ def export_budgets(
     summary = {"format": "onnx", "opset": OPSET, "inputs": list(INPUTS), "family": model.family, "graphs": graphs}
     write_json_atomic(out / "export.json", summary)
     return summary
-
-
-def read_export(out_dir: str | Path) -> dict[str, Any]:
-    """The ``export.json`` of an export directory."""
-    path = Path(out_dir) / "export.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ExportError(f"cannot read '{path}': {exc}") from exc

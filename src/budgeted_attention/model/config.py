@@ -193,11 +193,6 @@ class ModelConfig:
         return [len(ids) * self.ffn_group_size for ids in self.ffn_group_ids]
 
     @property
-    def total_heads(self) -> int:
-        """Heads physically present in the model."""
-        return sum(self.heads_per_layer)
-
-    @property
     def is_pruned(self) -> bool:
         return any(h != self.n_heads for h in self.heads_per_layer) or any(w != self.d_ff for w in self.ffn_widths)
 

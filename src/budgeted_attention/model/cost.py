@@ -33,11 +33,6 @@ class CostModel:
         weighted_sum = 2 * t * t * hd
         return projections + scores + weighted_sum
 
-    def ffn_flops(self) -> int:
-        """FLOPs of one feed-forward block (two linear layers)."""
-        t, d, f = self.seq_len, self.config.d_model, self.config.d_ff
-        return 2 * 2 * t * d * f
-
     def group_flops(self, group_size: int) -> int:
         """FLOPs of ``group_size`` feed-forward neurons (one row of fc1 and one column of fc2 each)."""
         return 2 * 2 * self.seq_len * self.config.d_model * group_size

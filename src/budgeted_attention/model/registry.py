@@ -109,11 +109,6 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def family_names() -> tuple[str, ...]:
-    """Registered family names, in registration order."""
-    return tuple(FAMILIES)
-
-
 def get_family(name: str, what: str = "model_family") -> Family:
     """The family called ``name``; an unknown name is a :class:`ConfigError` naming it and the known ones."""
     if name not in FAMILIES:

@@ -103,8 +103,3 @@ class TrainConfig:
     def epoch_steps(self, n_examples: int) -> int:
         """Optimiser steps in one pass over ``n_examples``."""
         return max(1, -(-n_examples // self.batch_size))
-
-    @property
-    def effective_scratch_steps(self) -> int:
-        """From-scratch ablation steps: by default the warm-started run's total (dense + budgeted)."""
-        return self.scratch_steps or (self.dense_steps + self.budgeted_steps)
