@@ -8,7 +8,7 @@ connections open.
   and its engine processes over idle (sampled every 20 ms): a 1 GB body declared by
   ``Content-Length`` and one streamed chunked, 50 MB of 10 M tiny texts (with ``/readyz``'s latency
   meanwhile), 10,000 headers, one 1 MiB header, 20 MB of headers, a stalled head, a stalled body,
-  an idle connection, a lone surrogate, a client that leaves mid-body, an unknown route.
+  a body dripped a byte every 0.5 s, an idle connection, a lone surrogate, a client that leaves mid-body, an unknown route.
 * **Soak** (``--seconds``): good requests (the run's test texts, Poisson at ``--rate``), bad ones
   (malformed JSON, wrong types, lone surrogates, unknown fields), oversized bodies and clients
   that disconnect mid-body, all at once; SIGKILL of the engine process at a third of the time and
@@ -31,6 +31,7 @@ import json
 import os
 import random
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -133,6 +134,30 @@ def raw_exchange(port: int, head: bytes, body_chunks=(), *, read_timeout: float 
     return {"status": status_of(raw), "seconds": time.monotonic() - start, "bytes_sent": sent}
 
 
+def drip(port: int, head: bytes, *, every_s: float, give_up_s: float = 120.0) -> dict:
+    """Send ``head``, then one byte of body every ``every_s`` seconds (each well inside the body
+    timeout) until the server answers or closes; the status and the seconds until then."""
+    start = time.monotonic()
+    sent, raw = 0, b""
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(head)
+        sent += len(head)
+        while time.monotonic() - start < give_up_s:
+            try:
+                conn.sendall(b" ")
+                sent += 1
+            except OSError:
+                pass
+            readable, _, _ = select.select([conn], [], [], every_s)
+            if readable:
+                try:
+                    raw = conn.recv(65536)
+                except OSError:
+                    pass
+                break
+    return {"status": status_of(raw), "seconds": time.monotonic() - start, "bytes_sent": sent}
+
+
 def repeat(chunk: bytes, total: int):
     """``total`` bytes as ``chunk``-sized pieces (a generator: nothing is built in memory)."""
     for _ in range(total // len(chunk)):
@@ -209,6 +234,7 @@ def run_probes(port: int, pid: int) -> list[dict]:
         port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n", repeat(b"x-pad: " + b"a" * 1015 + b"\r\n", 20 << 20)))
     probe("slow-head", "sends half a request head, then nothing", lambda: raw_exchange(port, b"POST /v1/classify HTTP/1.1\r\nHost: x\r\n"))
     probe("slow-body", "declares 500 bytes, sends 10, then nothing", lambda: raw_exchange(port, head(length=500) + b'{"texts": '))
+    probe("drip-body", "declares 500 bytes, sends 1 byte every 0.5 s", lambda: drip(port, head(length=500), every_s=0.5))
     probe("idle-connection", "connects and sends nothing", lambda: raw_exchange(port, b""))
     surrogate = b'{"texts": ["\\ud800"]}'
     probe("lone-surrogate", '`{"texts": ["\\ud800"]}`', lambda: raw_exchange(port, head(length=len(surrogate)) + surrogate))

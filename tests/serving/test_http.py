@@ -172,6 +172,60 @@ def test_a_stalled_body_gets_408_after_the_body_timeout(server):
     assert 0.8 < seconds < 5
 
 
+def test_a_dripped_body_gets_408_once_the_whole_body_is_late(server):
+    """A body dripped a byte at a time, each well inside body_timeout_s, still has to be whole by then."""
+    port, _ = server
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(request_head(length=100))
+        raw = b""
+        while time.monotonic() - start < 4 and not raw:
+            try:
+                conn.sendall(b" ")
+            except OSError:
+                pass
+            ready, _, _ = select.select([conn], [], [], 0.25)
+            if ready:
+                raw = conn.recv(65536)
+    seconds = time.monotonic() - start
+    assert raw.startswith(b"HTTP/1.1 408") and "serve.body_timeout_s" in body_of(raw)["error"], raw[:200]
+    assert seconds < 3
+
+
+def test_connections_past_max_connections_get_503_and_are_closed():
+    """uvicorn's limit_concurrency (serve.max_connections) bounds the connections held open."""
+
+    async def hello(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    port = free_port()
+    config = uvicorn.Config(hello, host="127.0.0.1", port=port, http=http.GUARDED_HTTP, log_level="warning", limit_concurrency=3, lifespan="off")
+    runner = uvicorn.Server(config)
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not runner.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]  # open and silent
+        time.sleep(0.2)
+        status, raw, seconds = exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", read_timeout=5)
+        assert status == 503 and "serve.max_connections = 3" in body_of(raw)["error"] and b"retry-after: 1" in raw.lower()
+        assert seconds < 2  # closed at once, not held
+        held.pop().close()
+        time.sleep(0.2)
+        status, raw, _ = exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nconnection: close\r\n\r\n", read_timeout=5)
+        assert status == 200, raw
+        for conn in held:
+            conn.close()
+    finally:
+        runner.should_exit = True
+        thread.join(30)
+
+
 def test_an_idle_connection_is_closed(server):
     port, _ = server
     status, raw, seconds = exchange(port, b"", read_timeout=10)

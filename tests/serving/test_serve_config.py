@@ -31,6 +31,7 @@ def test_defaults_are_valid_and_budgets_sorted():
         ({"engine_process": "yes"}, "serve.engine_process"),
         ({"engine_cpus": [-1]}, "serve.engine_cpus[0]"),
         ({"engine_cpus": "0"}, "serve.engine_cpus"),
+        ({"max_connections": 0}, "serve.max_connections"),
         pytest.param({"engine_cpus": [0, 0]}, "serve.engine_cpus lists a CPU twice", marks=LINUX),
         pytest.param({"engine_cpus": [100000]}, "serve.engine_cpus: CPU 100000 is not one this process may run on", marks=LINUX),
         pytest.param({"engine_cpus": [ANY_CPU], "engine_process": False}, "serve.engine_cpus .* needs serve.engine_process", marks=LINUX),

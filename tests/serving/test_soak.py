@@ -38,7 +38,7 @@ def test_the_soak_benchmark_survives_its_faults(tiny_run, tmp_path):
     answers = {p["name"]: p["status"] for p in result["probes"]}
     assert answers == {
         "body-1gb-declared": 413, "body-1gb-chunked": 413, "texts-10m": 413, "headers-10k": 431, "header-1mib": 431,
-        "headers-20mb": 431, "slow-head": 408, "slow-body": 408, "idle-connection": None, "lone-surrogate": 422,
+        "headers-20mb": 431, "slow-head": 408, "slow-body": 408, "drip-body": 408, "idle-connection": None, "lone-surrogate": 422,
         "disconnect-mid-body": None, "unknown-route": 404,
     }
     assert all(p["rss_peak_delta_mb"] < 50 for p in result["probes"])

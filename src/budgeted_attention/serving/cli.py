@@ -127,6 +127,7 @@ def serve(args: argparse.Namespace) -> None:
     common = {
         "host": args.host, "port": args.port, "log_level": args.log_level, "http": GUARDED_HTTP,
         "timeout_keep_alive": cfg.keep_alive_s, "timeout_graceful_shutdown": cfg.shutdown_timeout_s,
+        "limit_concurrency": cfg.max_connections,  # per worker; answered 503 by the guarded protocol
     }
     from budgeted_attention.serving.app import ENV_API_KEY, ENV_SETTINGS, create_app  # noqa: PLC0415 - FastAPI
 

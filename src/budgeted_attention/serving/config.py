@@ -85,7 +85,11 @@ class ServeConfig:
             as they arrive (before the head is parsed whole).
         header_timeout_s: a connection must deliver a whole request head within this many
             seconds of opening (or of its previous answer), else it is answered 408 and closed.
-        body_timeout_s: the longest wait for the next part of a request body (408 past it).
+        body_timeout_s: a request body must arrive whole within this many seconds of the end of
+            its head (408 past it), however slowly or steadily it is sent.
+        max_connections: connections each worker process holds open at most (uvicorn's
+            ``limit_concurrency``); a connection past it is answered 503 and closed at once, so
+            clients that hold connections open cannot exhaust the server's file descriptors.
         keep_alive_s: an idle keep-alive connection is closed after this many seconds.
         shutdown_timeout_s: on SIGTERM, how long requests in flight may take to finish; those
             still running then are answered 503.
@@ -130,6 +134,7 @@ class ServeConfig:
     max_header_bytes: int = 16384
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
+    max_connections: int = 256
     keep_alive_s: float = 5.0
     shutdown_timeout_s: float = 10.0
     watchdog_factor: float = 10.0
@@ -177,6 +182,7 @@ class ServeConfig:
         check_int(self.max_body_bytes, "serve.max_body_bytes", ge=0)
         check_int(self.max_headers, "serve.max_headers", ge=1)
         check_int(self.max_header_bytes, "serve.max_header_bytes", ge=256)
+        check_int(self.max_connections, "serve.max_connections", ge=1)
         for key in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "heartbeat_s"):
             setattr(self, key, check_float(getattr(self, key), f"serve.{key}", gt=0.0))
         self.shutdown_timeout_s = check_float(self.shutdown_timeout_s, "serve.shutdown_timeout_s", ge=0.0)

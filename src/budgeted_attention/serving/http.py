@@ -6,11 +6,14 @@ Two layers, because some limits can only be kept where the bytes arrive:
   than ``max_headers`` header lines, or a head past ``max_header_bytes`` (counted as the bytes
   arrive, so a 20 MB header is refused after about ``max_header_bytes``, not buffered whole),
   get 431; a head not complete within ``header_timeout_s`` of the connection opening (or of its
-  previous answer) gets 408 (slow-loris clients). On shutdown a request whose body is still
-  arriving is answered 503 at once instead of holding the exit.
+  previous answer) gets 408 (slow-loris clients). More than ``max_connections`` connections
+  open (uvicorn's ``limit_concurrency``, per worker) get 503 and are closed at once, as do requests
+  past that many in progress. On shutdown a request whose body is still arriving is answered 503
+  at once instead of holding the exit.
 * :class:`RequestGuard`, an ASGI middleware: the Host check, the API key, the body limit (413
   from ``Content-Length`` before a byte of the body is read, or as soon as a streamed body passes
-  ``max_body_bytes``), the body's read timeout (408), client disconnects counted apart from server
+  ``max_body_bytes``), the body's deadline (408: the whole body within ``body_timeout_s`` of its
+  head, however it is dripped), client disconnects counted apart from server
   errors (one log line), and a request cancelled by a shutdown past ``shutdown_timeout_s``
   answered 503 instead of uvicorn's text 500.
 
@@ -25,6 +28,7 @@ import hmac
 import json
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -117,10 +121,32 @@ def make_guarded_protocol() -> type:
                 cls.limits = HeadLimits.from_env()
             return cls.limits
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # uvicorn's own check of limit_concurrency (serve.max_connections) answers in plain text
+            # and counts a connection already at the limit as over it: this protocol checks instead.
+            self.max_connections, self.limit_concurrency = self.limit_concurrency, None
+
         def connection_made(self, transport) -> None:  # noqa: ANN001 - asyncio's signature
             super().connection_made(transport)
             self._lingering, self._dropped, self._head_timer = False, 0, None
+            if self.max_connections is not None and len(self.connections) > self.max_connections:
+                self._over_capacity()
+                return
             self._new_head()
+
+        def _over_capacity(self) -> None:
+            """Too many connections open: answer 503 and close at once (each one holds a file descriptor)."""
+            global _CAPACITY_LOGGED  # noqa: PLW0603
+            if _OBSERVER:
+                _OBSERVER[-1](503)
+            if time.monotonic() - _CAPACITY_LOGGED > 10.0:  # one line per 10 s, not one per refused connection
+                _CAPACITY_LOGGED = time.monotonic()
+                log.warning("baa serve: 503: %d connections open, refusing more (serve.max_connections = %d)", len(self.connections) - 1, self.max_connections)
+            self._lingering = True
+            self.transport.write(raw_response(503, "Service Unavailable", f"too many connections (serve.max_connections = {self.max_connections})",
+                                              [("retry-after", "1")]))
+            self.transport.close()
 
         def _new_head(self) -> None:
             """A request head may start now: count its bytes and lines, and time it."""
@@ -149,7 +175,7 @@ def make_guarded_protocol() -> type:
                 self.scope["baa.refused"] = status  # the ASGI guard: this disconnect is ours, not the client's
                 cycle.disconnected = True  # the application's later answer goes nowhere
                 cycle.message_event.set()
-            self.transport.write(raw_response(status, reason, message))
+            self.transport.write(raw_response(status, reason, message, [("retry-after", "1")] if status == 503 else []))
             if self.transport.can_write_eof():
                 self.transport.write_eof()
                 self.flow.resume_reading()
@@ -210,6 +236,8 @@ def make_guarded_protocol() -> type:
             self._in_head = False
             if self._head_timer is not None:
                 self._head_timer.cancel()
+            if self.max_connections is not None and len(self.tasks) >= self.max_connections:
+                raise _Refused(503, "Service Unavailable", f"too many requests in progress (serve.max_connections = {self.max_connections})")
             limit = self.head_limits().max_body_bytes
             declared = dict(self.headers).get(b"content-length", b"")
             if limit and declared.isdigit() and int(declared) > limit:  # refused before the app sees it
@@ -251,6 +279,7 @@ def make_guarded_protocol() -> type:
 
 
 _PROTOCOL: type | None = None
+_CAPACITY_LOGGED = 0.0  # when the last "too many connections" line was logged
 _OBSERVER: list[Callable[[int], None]] = []  # counts the protocol's refusals: the latest app's metrics
 
 
@@ -351,11 +380,15 @@ class RequestGuard:
                 await self._refuse(send, 413, f"body of {int(declared)} bytes, the limit is serve.max_body_bytes = {self.body_limit}")
                 return None
         parts, size = [], 0
+        # One deadline for the whole body, from the end of its head: a wait per part would let a
+        # client that drips a byte just inside the timeout hold the connection (and what it sent) forever.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.body_timeout_s
         while True:
             try:
-                message = await asyncio.wait_for(receive(), self.cfg.body_timeout_s)
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
             except TimeoutError:
-                await self._refuse(send, 408, f"request body stalled for {self.cfg.body_timeout_s:g} s (serve.body_timeout_s)")
+                await self._refuse(send, 408, f"request body not complete within {self.cfg.body_timeout_s:g} s (serve.body_timeout_s)")
                 return None
             if message["type"] == "http.disconnect":
                 if "baa.refused" not in scope:  # not the protocol's own refusal (counted there)
