@@ -10,7 +10,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from budgeted_attention.errors import CheckpointError  # noqa: E402
 from budgeted_attention.hf.architectures import (  # noqa: E402
-    FAMILIES,
+    ARCHITECTURES,
     SUPPORTED,
     architecture_of,
     attention_output_dense,
@@ -80,7 +80,7 @@ def _batch(hf, kind):
 def test_registry_lists_families_with_bert_self_attention_layout():
     assert SUPPORTED == ("bert", "electra", "roberta", "xlm-roberta")
     for kind in SUPPORTED:
-        family = FAMILIES[kind]
+        family = ARCHITECTURES[kind]
         model = family.classifier()(_config(kind, num_labels=3))
         attention = self_attention(encoder_layers(model)[0])
         for name in ("query", "key", "value", "dropout", "attention_head_size", "num_attention_heads", "scaling"):
@@ -101,7 +101,7 @@ def test_base_checkpoint_loads_every_encoder_weight_and_says_head_is_new_once(ki
     verbosity = hf_logging.get_verbosity()
     messages = []
     hf = load_pretrained_classifier(folder, 5, log=messages.append)
-    assert type(hf).__name__ == FAMILIES[kind].classifier_class
+    assert type(hf).__name__ == ARCHITECTURES[kind].classifier_class
     assert hf.config._attn_implementation == "sdpa" and not hf.training
     assert len(messages) == 1 and "\n" not in messages[0]
     assert "new classification head" in messages[0] and "5 labels" in messages[0]
@@ -120,7 +120,7 @@ def test_base_checkpoint_loads_every_encoder_weight_and_says_head_is_new_once(ki
 @pytest.mark.parametrize("kind", SUPPORTED)
 def test_classifier_checkpoint_loads_head_too_and_another_label_count_gets_a_new_head(kind, tmp_path):
     torch.manual_seed(0)
-    saved = FAMILIES[kind].classifier()(_config(kind, num_labels=3)).eval()
+    saved = ARCHITECTURES[kind].classifier()(_config(kind, num_labels=3)).eval()
     folder = _save(saved, tmp_path / kind)
     messages = []
     hf = load_pretrained_classifier(folder, 3, log=messages.append)
@@ -282,7 +282,7 @@ def test_pruned_model_has_no_unmodified_reference(tmp_path):
 @pytest.mark.parametrize("kind", SUPPORTED)
 def test_classifier_from_config_round_trips_a_saved_config(kind):
     torch.manual_seed(0)
-    source = FAMILIES[kind].classifier()(_config(kind, num_labels=4))
+    source = ARCHITECTURES[kind].classifier()(_config(kind, num_labels=4))
     rebuilt = classifier_from_config(source.config.to_dict())
     assert type(rebuilt) is type(source)
     assert rebuilt.config._attn_implementation == "sdpa"

@@ -39,7 +39,7 @@ from budgeted_attention.errors import CheckpointError
 
 
 @dataclass(frozen=True)
-class Family:
+class Architecture:
     """What this library needs to know about one supported transformers model type."""
 
     model_type: str
@@ -62,8 +62,8 @@ class Family:
 
 _ROBERTA_HEAD = ("classifier.dense.", "classifier.out_proj.")
 
-FAMILIES: dict[str, Family] = {
-    "bert": Family(
+ARCHITECTURES: dict[str, Architecture] = {
+    "bert": Architecture(
         "bert", "BertForSequenceClassification", "bert",
         # The pooler feeds only the classifier: a checkpoint without it (BertModel saved with
         # add_pooling_layer=False) gets a new one, trained with the head.
@@ -71,19 +71,19 @@ FAMILIES: dict[str, Family] = {
         ignorable_prefixes=("cls.",),  # BertForPreTraining / BertForMaskedLM heads
         token_type_ids=True,
     ),
-    "electra": Family(
+    "electra": Architecture(
         "electra", "ElectraForSequenceClassification", "electra",
         head_prefixes=_ROBERTA_HEAD,
         ignorable_prefixes=("discriminator_predictions.", "generator_predictions.", "generator_lm_head."),
         token_type_ids=True,
     ),
-    "roberta": Family(
+    "roberta": Architecture(
         "roberta", "RobertaForSequenceClassification", "roberta",
         head_prefixes=_ROBERTA_HEAD,
         ignorable_prefixes=("lm_head.", "pooler."),  # the classifier is built without a pooler
         token_type_ids=False,
     ),
-    "xlm-roberta": Family(
+    "xlm-roberta": Architecture(
         "xlm-roberta", "XLMRobertaForSequenceClassification", "roberta",
         head_prefixes=_ROBERTA_HEAD,
         ignorable_prefixes=("lm_head.", "pooler."),
@@ -91,7 +91,7 @@ FAMILIES: dict[str, Family] = {
     ),
 }
 
-SUPPORTED = tuple(sorted(FAMILIES))
+SUPPORTED = tuple(sorted(ARCHITECTURES))
 
 
 def _unsupported(found: object) -> CheckpointError:
@@ -114,7 +114,7 @@ def architecture_of(path_or_config: object) -> str:
         found = path_or_config.model_type
     else:
         found = _read_model_type(str(path_or_config))
-    if found not in FAMILIES:
+    if found not in ARCHITECTURES:
         raise _unsupported(found)
     return found
 
@@ -175,7 +175,7 @@ def _some(keys: Iterable[str], limit: int = 5) -> str:
     return ", ".join(keys[:limit]) + more
 
 
-def _strip_base(key: str, family: Family) -> str:
+def _strip_base(key: str, family: Architecture) -> str:
     prefix = family.base_attr + "."
     return key[len(prefix):] if key.startswith(prefix) else key
 
@@ -189,7 +189,7 @@ def load_pretrained_classifier(path: str | Path, num_labels: int, *, log: Callab
     Anything else raises :class:`CheckpointError` naming the first offending keys.
     """
     kind = architecture_of(path)
-    family = FAMILIES[kind]
+    family = ARCHITECTURES[kind]
     cls = family.classifier()
     try:
         with _quiet_transformers():
@@ -244,18 +244,18 @@ def load_pretrained_classifier(path: str | Path, num_labels: int, *, log: Callab
     return model.eval()
 
 
-def _family_of(hf_model: nn.Module) -> Family:
-    return FAMILIES[architecture_of(hf_model.config)]
+def _architecture_of(hf_model: nn.Module) -> Architecture:
+    return ARCHITECTURES[architecture_of(hf_model.config)]
 
 
 def model_type(hf_model: nn.Module) -> str:
     """The supported ``model_type`` of a transformers model (CheckpointError if unsupported)."""
-    return _family_of(hf_model).model_type
+    return _architecture_of(hf_model).model_type
 
 
 def base_model(hf_model: nn.Module) -> nn.Module:
     """The encoder model inside a classifier (``.bert``, ``.roberta``, ``.electra``); a base model is returned as is."""
-    family = _family_of(hf_model)
+    family = _architecture_of(hf_model)
     inner = getattr(hf_model, family.base_attr, None)
     if inner is not None:
         return inner
@@ -307,7 +307,7 @@ def ffn_output_dense(layer: nn.Module) -> nn.Linear:
 
 def uses_token_type_ids(hf_model: nn.Module) -> bool:
     """Whether the model was pretrained with segment ids (BERT, ELECTRA; not RoBERTa/XLM-R)."""
-    family = _family_of(hf_model)
+    family = _architecture_of(hf_model)
     return family.token_type_ids and getattr(hf_model.config, "type_vocab_size", 0) > 1
 
 
@@ -316,7 +316,7 @@ def classifier_from_config(config_dict: dict):
 
     ``config_dict`` is a saved ``config.to_dict()``; load the weights with ``load_state_dict`` afterwards.
     """
-    family = FAMILIES[architecture_of(config_dict)]
+    family = ARCHITECTURES[architecture_of(config_dict)]
     cls = family.classifier()
     try:
         config = cls.config_class.from_dict(dict(config_dict))
@@ -356,9 +356,9 @@ def unmodified_reference(hf_model: nn.Module):
 
 
 __all__ = [
-    "FAMILIES",
+    "ARCHITECTURES",
+    "Architecture",
     "SUPPORTED",
-    "Family",
     "architecture_of",
     "attention_output_dense",
     "base_model",
