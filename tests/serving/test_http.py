@@ -226,6 +226,62 @@ def test_connections_past_max_connections_get_503_and_are_closed():
         thread.join(30)
 
 
+def responses(raw: bytes) -> list[tuple[int, bytes]]:
+    """(status, body) of each response in ``raw`` (bodies with Content-Length)."""
+    found = []
+    while raw.startswith(b"HTTP/1.1 "):
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        found.append((int(head.split(b" ", 2)[1]), rest[:length]))
+        raw = rest[length:]
+    return found
+
+
+def test_a_pipelined_request_whose_body_arrives_after_the_first_answer_is_served(server):
+    """The bytes of a body already being parsed are not counted as the next request head (no 431)."""
+    port, _ = server
+    small = json.dumps({"texts": ["a"], "budget": 1.0}).encode()
+    big = json.dumps({"texts": ["\u00e9" * 200] * 4, "budget": 1.0}, ensure_ascii=True).encode()  # 4.8 KB, over max_header_bytes
+    assert len(big) > LIMITS["max_header_bytes"]
+    second = request_head(length=len(big)) + big
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.settimeout(10)
+        conn.sendall(request_head(length=len(small)) + small + second[:200])  # request 1, then the start of request 2
+        time.sleep(0.3)  # request 1 is answered meanwhile
+        conn.sendall(second[200:])
+        raw = b""
+        while len(responses(raw)) < 2:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            raw += chunk
+    assert [status for status, _ in responses(raw)] == [200, 200], raw[:600]
+
+
+def test_a_get_with_a_chunked_body_gets_one_answer_and_is_closed(server):
+    port, _ = server
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.settimeout(10)
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\ntransfer-encoding: chunked\r\n\r\n")
+        chunk = b"a" * 8192
+        try:
+            for _ in range(8):  # 64 KB of body after the answer
+                conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                time.sleep(0.02)
+        except OSError:
+            pass
+        raw = b""
+        try:
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    break
+                raw += data
+        except (ConnectionResetError, TimeoutError):
+            pass
+    assert [status for status, _ in responses(raw)] == [200], raw[:600]
+
+
 def test_an_idle_connection_is_closed(server):
     port, _ = server
     status, raw, seconds = exchange(port, b"", read_timeout=10)

@@ -8,7 +8,8 @@ Two layers, because some limits can only be kept where the bytes arrive:
   get 431; a head not complete within ``header_timeout_s`` of the connection opening (or of its
   previous answer) gets 408 (slow-loris clients). More than ``max_connections`` connections
   open (uvicorn's ``limit_concurrency``, per worker) get 503 and are closed at once, as do requests
-  past that many in progress. On shutdown a request whose body is still arriving is answered 503
+  past that many in progress. A request answered before its body was read whole (a GET with a
+  body) has the rest of it dropped and its connection closed. On shutdown a request whose body is still arriving is answered 503
   at once instead of holding the exit.
 * :class:`RequestGuard`, an ASGI middleware: the Host check, the API key, the body limit (413
   from ``Content-Length`` before a byte of the body is read, or as soon as a streamed body passes
@@ -104,6 +105,7 @@ class _Refused(Exception):
 
 
 TOO_LARGE = "Request Header Fields Too Large"
+IDLE, HEAD, BODY = "idle", "head", "body"  # where a connection's parser is
 
 
 def make_guarded_protocol() -> type:
@@ -130,10 +132,13 @@ def make_guarded_protocol() -> type:
         def connection_made(self, transport) -> None:  # noqa: ANN001 - asyncio's signature
             super().connection_made(transport)
             self._lingering, self._dropped, self._head_timer = False, 0, None
+            # Where the parser is: between messages (IDLE), in a request head (HEAD), in its body (BODY).
+            self._phase, self._begins = IDLE, 0
+            self._head_bytes, self._head_lines, self._parsed_head, self._body_bytes = 0, 0, 0, 0
             if self.max_connections is not None and len(self.connections) > self.max_connections:
                 self._over_capacity()
                 return
-            self._new_head()
+            self._time_head()
 
         def _over_capacity(self) -> None:
             """Too many connections open: answer 503 and close at once (each one holds a file descriptor)."""
@@ -148,19 +153,29 @@ def make_guarded_protocol() -> type:
                                               [("retry-after", "1")]))
             self.transport.close()
 
-        def _new_head(self) -> None:
-            """A request head may start now: count its bytes and lines, and time it."""
-            self._in_head, self._head_bytes, self._head_lines, self._parsed_head, self._body_bytes = True, 0, 0, 0, 0
+        def _time_head(self) -> None:
+            """The next request head must be complete within header_timeout_s from now."""
             if self._head_timer is not None:
                 self._head_timer.cancel()
             self._head_timer = self.loop.call_later(self.head_limits().header_timeout_s, self._head_timed_out)
 
         def _head_timed_out(self) -> None:
-            if self._in_head and not self.transport.is_closing():
-                if self._head_bytes:  # a client that started a request and stalled (slow loris)
-                    self._refuse(408, "Request Timeout", f"request head not complete within {self.head_limits().header_timeout_s:g} s")
-                else:  # an idle connection that never sent anything: close without an answer
-                    self.transport.close()
+            if self.transport.is_closing() or self._lingering:
+                return
+            if self._phase == HEAD:  # a client that started a request and stalled (slow loris)
+                self._refuse(408, "Request Timeout", f"request head not complete within {self.head_limits().header_timeout_s:g} s")
+            elif self._phase == IDLE and not self.pipeline and (self.cycle is None or self.cycle.response_complete):
+                self.transport.close()  # an idle connection that sent nothing: close without an answer
+
+        def _linger(self) -> None:
+            """Half-close and drop what still arrives (for LINGER_S at most, LINGER_BYTES at most)."""
+            self._lingering = True
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+                self.flow.resume_reading()
+                self.loop.call_later(LINGER_S, self.transport.close)
+            else:
+                self.transport.close()
 
         def _refuse(self, status: int, reason: str, message: str) -> None:
             """Answer ``status`` with a JSON error, half-close, and drop what still arrives."""
@@ -169,19 +184,13 @@ def make_guarded_protocol() -> type:
             log.warning("baa serve: %s from %s: %s", status, self.client[0] if self.client else "?", message)
             if _OBSERVER:
                 _OBSERVER[-1](status)
-            self._in_head, self._lingering = False, True
             cycle = self.cycle
             if cycle is not None and not cycle.response_complete:
                 self.scope["baa.refused"] = status  # the ASGI guard: this disconnect is ours, not the client's
                 cycle.disconnected = True  # the application's later answer goes nowhere
                 cycle.message_event.set()
             self.transport.write(raw_response(status, reason, message, [("retry-after", "1")] if status == 503 else []))
-            if self.transport.can_write_eof():
-                self.transport.write_eof()
-                self.flow.resume_reading()
-                self.loop.call_later(LINGER_S, self.transport.close)
-            else:
-                self.transport.close()
+            self._linger()
 
         def data_received(self, data: bytes) -> None:
             if self._lingering:
@@ -190,8 +199,7 @@ def make_guarded_protocol() -> type:
                     self.transport.close()
                 return
             self._unset_keepalive_if_required()
-            if self._in_head:
-                self._head_bytes += len(data)
+            before, self._begins = self._phase, 0
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserCallbackError as exc:
@@ -207,13 +215,22 @@ def make_guarded_protocol() -> type:
             except httptools.HttpParserError as exc:  # uvicorn answers these in text: ours are JSON
                 self._refuse(400, "Bad Request", f"invalid HTTP request ({str(exc)[:80]})")
                 return
+            if self._phase != HEAD:
+                return
+            # A head still arriving: count the raw bytes too (a header value is only parsed once it
+            # is whole, and a 20 MB one must be refused before that). Only when every byte of this
+            # chunk is the head's; when the head began after another message's bytes in it, its
+            # parsed part is counted (on_url, on_header) and the raw count starts with the next chunk.
+            if (before == HEAD and self._begins == 0) or (before == IDLE and self._begins == 1):
+                self._head_bytes += len(data)
             limit = self.head_limits().max_header_bytes
-            if self._in_head and self._head_bytes > limit:  # a head still arriving, already too long
+            if self._head_bytes > limit:
                 self._refuse(431, TOO_LARGE, f"request head over {limit} bytes (serve.max_header_bytes)")
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._in_head, self._head_lines, self._parsed_head, self._body_bytes = True, 0, 0, 0
+            self._phase, self._begins = HEAD, self._begins + 1
+            self._head_bytes, self._head_lines, self._parsed_head, self._body_bytes = 0, 0, 0, 0
 
         def on_url(self, url: bytes) -> None:
             super().on_url(url)
@@ -233,7 +250,7 @@ def make_guarded_protocol() -> type:
                 raise _Refused(431, TOO_LARGE, f"request head over {limit} bytes (serve.max_header_bytes)")
 
         def on_headers_complete(self) -> None:
-            self._in_head = False
+            self._phase = BODY  # from here on the bytes are this message's body, not a head
             if self._head_timer is not None:
                 self._head_timer.cancel()
             if self.max_connections is not None and len(self.tasks) >= self.max_connections:
@@ -254,13 +271,21 @@ def make_guarded_protocol() -> type:
             super().on_body(body)
 
         def on_message_complete(self) -> None:
+            self._phase = IDLE
             if not self._lingering:
                 super().on_message_complete()
 
         def on_response_complete(self) -> None:
+            queued = bool(self.pipeline)  # a pipelined request whose head is in: it starts now
             super().on_response_complete()
-            if not self.transport.is_closing():
-                self._new_head()  # the next request on this keep-alive connection
+            if self.transport.is_closing() or self._lingering or queued:
+                return
+            if self._phase == BODY:
+                # Answered before its body was read (a GET with a body): drop the rest and close,
+                # rather than parse the rest as the next request or answer it twice.
+                self._linger()
+                return
+            self._time_head()  # the next request on this keep-alive connection (perhaps already arriving)
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._head_timer is not None:
