@@ -352,6 +352,36 @@ def test_hosts_outside_the_allowed_list_are_refused(locked):
     assert locked.get("/healthz", headers={"Host": "evil.example.org"}).status_code == 200  # probes come by IP
 
 
+def guard_answers(guard: http.RequestGuard, headers: list[tuple[bytes, bytes]], path: str = "/v1/info") -> list[int]:
+    """The statuses ``guard`` answers a GET of ``path`` with ``headers`` (200: passed to the app)."""
+    import asyncio  # noqa: PLC0415
+
+    sent = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            sent.append(message["status"])
+
+    guard.app = app
+    asyncio.run(guard({"type": "http", "method": "GET", "path": path, "headers": headers}, None, send))
+    return sent
+
+
+def test_a_second_host_or_authorization_header_is_refused():
+    cfg = ServeConfig(allowed_hosts=["api.example.com"], **FAST)
+    guard = http.RequestGuard(None, cfg, "s3cret-key", lambda status: None, lambda: None)
+    key = (b"authorization", b"Bearer s3cret-key")
+    assert guard_answers(guard, [(b"host", b"api.example.com"), key]) == [200]
+    assert guard_answers(guard, [(b"host", b"evil.example.org"), (b"host", b"api.example.com"), key]) == [400]
+    assert guard_answers(guard, [(b"host", b"api.example.com"), (b"host", b"evil.example.org"), key]) == [400]
+    assert guard_answers(guard, [(b"host", b"api.example.com"), key, (b"authorization", b"Bearer other")]) == [400]
+    assert guard_answers(guard, [(b"host", b"x"), (b"host", b"y")], path="/healthz") == [400]  # probes too
+
+
 def test_info_tells_no_paths_or_process_ids(locked, tiny_run):
     info = locked.get("/v1/info", headers={"Authorization": "Bearer s3cret-key"})
     text = info.text

@@ -378,7 +378,13 @@ class RequestGuard:
         if len(head) > self.cfg.max_headers or sum(len(n) + len(v) + 4 for n, v in head) > self.cfg.max_header_bytes:
             await self._refuse(send, 431, "request headers over serve.max_headers / serve.max_header_bytes")
             return
-        headers = dict(head)
+        for name in (b"host", b"authorization"):
+            # One each: dict() keeps the last of several, the framework reads the first, so two
+            # Host headers could pass the allowed_hosts check with one name and be served as another.
+            if sum(1 for n, _ in head if n.lower() == name) > 1:
+                await self._refuse(send, 400, f"more than one {name.decode().title()} header")
+                return
+        headers = {n.lower(): v for n, v in head}
         probe = scope["path"] in PROBES
         if self.cfg.allowed_hosts and not probe and not self._host_allowed(headers):
             host = headers.get(b"host", b"").decode("latin-1")[:100]
