@@ -53,6 +53,18 @@ def test_a_dead_child_fails_calls_loudly(tiny_run):
     remote.close()
 
 
+def test_a_child_killed_while_starting_fails_the_start_at_once(tiny_run):
+    """on_spawn hands the engine over before the model loads (the supervisor's restart deadline
+    kills a start that hangs): a start killed there fails at once instead of waiting 600 s."""
+    from budgeted_attention.serving.remote import EngineGone  # noqa: PLC0415
+
+    spawned = []
+    started = time.monotonic()
+    with pytest.raises(EngineGone, match="exited .* while starting"):
+        RemoteEngine(tiny_run, ServeConfig(budgets=[1.0], min_budget=1.0, **FAST), on_spawn=lambda engine: (spawned.append(engine), engine.kill()))
+    assert len(spawned) == 1 and not spawned[0].alive() and time.monotonic() - started < 30
+
+
 def test_a_load_failure_in_the_child_names_the_problem(tmp_path):
     with pytest.raises(EngineProcessError, match="failed to load the model: .*budgeted-hard"):
         RemoteEngine(tmp_path, ServeConfig(**FAST))

@@ -134,6 +134,48 @@ def test_after_max_restarts_failed_tries_the_supervisor_gives_up(monkeypatch):
     assert "could not be restarted (2 tries" in supervisor.reason and supervisor.restarts == 0
 
 
+def test_a_restart_that_hangs_is_killed_at_its_deadline(monkeypatch):
+    """A new child that hangs while it starts is killed past the restart deadline (RESTART_FACTOR x
+    the last start, at least RESTART_FLOOR_S), and the next try brings the engine back."""
+    from budgeted_attention.serving import supervisor as module  # noqa: PLC0415
+
+    monkeypatch.setattr(module, "RESTART_FLOOR_S", 0.3)
+    monkeypatch.setattr(time, "sleep", lambda s: None)  # no back-off waits in the test
+    engines, hung = [], []
+
+    class Starting(FakeEngine):
+        def __init__(self, number):
+            super().__init__(number)
+            self.gone = threading.Event()
+
+        def kill(self):
+            super().kill()
+            self.gone.set()
+
+    def start():
+        engine = Starting(len(engines))
+        engines.append(engine)
+        if len(engines) == 2:  # the first restart: its child runs, then hangs while loading
+            supervisor.spawned(engine)
+            hung.append(engine)
+            if not engine.gone.wait(30):
+                raise AssertionError("the hung start was never killed")
+            raise EngineGone("the engine process exited (code -9) while starting")
+        return engine
+
+    cfg = ServeConfig(budgets=[1.0], min_budget=1.0, watchdog_min_ms=100, **FAST)
+    supervisor = Supervisor(start, lambda engine: latency_model(), cfg)
+    supervisor.first_start()
+    assert supervisor.restart_deadline_s() == pytest.approx(0.3)  # the fake starts at once: the floor
+    engines[0].dead = True
+    started = time.monotonic()
+    supervisor.ready_now()
+    wait_for(lambda: supervisor.state == READY and supervisor.engine is not engines[0], 10)
+    assert hung and hung[0].killed and supervisor.engine is engines[2]
+    assert supervisor.failed_tries == 0 and supervisor.restarts == 1
+    assert time.monotonic() - started < 5
+
+
 def test_a_model_in_this_process_is_not_supervised():
     class Local:
         in_child = False

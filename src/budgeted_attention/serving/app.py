@@ -223,7 +223,10 @@ def create_app(
 
         if engine is not None:
             return engine
-        started = (RemoteEngine if cfg.engine_process else Engine)(run_dir, cfg, seed=seed, onnx_dir=onnx_dir)
+        if cfg.engine_process:
+            started = RemoteEngine(run_dir, cfg, seed=seed, onnx_dir=onnx_dir, on_spawn=state.supervisor.spawned)
+        else:
+            started = Engine(run_dir, cfg, seed=seed, onnx_dir=onnx_dir)
         if cfg.engine_cpus:  # the engine process has pinned itself; this process leaves its CPUs to it
             pin_process(server_cpus(cfg.engine_cpus))
         return started

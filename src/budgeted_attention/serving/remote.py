@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,12 @@ class RemoteEngine(EngineInfo):
     a child process. Not thread-safe (one call at a time, as the batcher makes them); ``close()``
     stops the child."""
 
-    def __init__(self, run_dir: str | Path, cfg: ServeConfig, *, seed: int | None = None, onnx_dir: str | Path | None = None) -> None:
+    def __init__(
+        self, run_dir: str | Path, cfg: ServeConfig, *, seed: int | None = None, onnx_dir: str | Path | None = None,
+        on_spawn: Callable[[RemoteEngine], None] | None = None,
+    ) -> None:
+        """``on_spawn`` is called with this engine as soon as its child runs, before the model has
+        loaded (the supervisor's restart deadline and shutdown kill a child that is still starting)."""
         self.run_dir = Path(run_dir)
         self.cfg = cfg
         context = multiprocessing.get_context("spawn")
@@ -97,6 +103,8 @@ class RemoteEngine(EngineInfo):
         self._process.start()
         child_conn.close()  # the child holds its end; EOF here means the child is gone
         try:
+            if on_spawn is not None:
+                on_spawn(self)
             self._adopt(*self._receive(START_TIMEOUT_S, "starting"))
         except BaseException:  # nothing may leave a child holding a model copy behind
             self.close()

@@ -34,6 +34,11 @@ log = logging.getLogger("budgeted_attention.serve")
 __all__ = ["FAILED", "LOADING", "READY", "RESTARTING", "EngineUnavailable", "Supervisor"]
 
 LOADING, READY, RESTARTING, FAILED = "loading", "ready", "restarting", "failed"
+# A restart (load + calibration) that takes longer than RESTART_FACTOR times the last start, and at
+# least RESTART_FLOOR_S, is hung (a stuck disk, a stopped child): its child is killed and the try
+# counts as failed, instead of waiting for the first start's 600 s limit on every try.
+RESTART_FACTOR = 5.0
+RESTART_FLOOR_S = 30.0
 
 
 class Supervisor:
@@ -72,6 +77,8 @@ class Supervisor:
         self._last_call = time.monotonic()
         self._restarter: threading.Thread | None = None
         self._closed = False
+        self._starting: Any = None  # the engine being started (its child runs, the model may still load)
+        self._overdue = False  # the start in progress passed its deadline (and was killed)
 
     # ------------------------------------------------------------------ start and restart
 
@@ -83,15 +90,58 @@ class Supervisor:
             self._give_up(f"model failed to load: {type(exc).__name__}: {exc}")
             raise
 
-    def _bring_up(self) -> None:
-        started = time.monotonic()
-        engine = self._start()
-        loaded = time.monotonic()
+    def restart_deadline_s(self) -> float:
+        """How long a restart may take before it counts as hung: RESTART_FACTOR times the last
+        start (load + calibration), at least RESTART_FLOOR_S."""
+        return max(RESTART_FLOOR_S, RESTART_FACTOR * self.start_seconds)
+
+    def spawned(self, engine: Any) -> None:
+        """Called by an engine as soon as its child process runs, before the model has loaded: a
+        start past its deadline, or a shutdown, can then kill it."""
+        with self._state_lock:
+            self._starting = engine
+            stop = self._closed or self._overdue
+        if stop:
+            _kill(engine)
+
+    def _start_overdue(self, deadline_s: float) -> None:
+        with self._state_lock:
+            self._overdue = True
+            engine = self._starting
+        log.error("baa serve: the engine did not start within %.1f s: killing it", deadline_s)
+        _kill(engine)
+
+    def _bring_up(self, deadline_s: float | None = None) -> None:
+        """Start and calibrate an engine, then make it the current one; with ``deadline_s``, a
+        start not done by then is killed and raises :class:`EngineGone`."""
+        self._overdue = False
+        timer = None
+        if deadline_s is not None:
+            timer = threading.Timer(deadline_s, self._start_overdue, args=(deadline_s,))
+            timer.daemon = True
+            timer.start()
         try:
-            latency = self._calibrate(engine)
-        except BaseException:
-            _close(engine)
+            started = time.monotonic()
+            engine = self._start()
+            self.spawned(engine)
+            loaded = time.monotonic()
+            try:
+                latency = self._calibrate(engine)
+                if self._overdue:
+                    raise EngineGone("killed")
+            except BaseException:
+                _close(engine)
+                raise
+        except Exception as exc:
+            if self._overdue:
+                raise EngineGone(f"the engine did not start within {deadline_s:.1f} s (the restart deadline: {RESTART_FACTOR:g} x the last start, "
+                                 f"at least {RESTART_FLOOR_S:g} s); it was killed") from exc
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            with self._state_lock:
+                self._starting = None
         self.startup = {"load_seconds": round(loaded - started, 3), "calibration_seconds": round(time.monotonic() - loaded, 3)}
         self.start_seconds = time.monotonic() - started
         with self._state_lock:
@@ -124,7 +174,7 @@ class Supervisor:
         _close(old)
         while not self._closed:
             try:
-                self._bring_up()
+                self._bring_up(self.restart_deadline_s())
             except Exception as exc:  # noqa: BLE001 - counted, retried, then given up
                 self.failed_tries += 1
                 message = f"{type(exc).__name__}: {exc}"
@@ -217,6 +267,15 @@ class Supervisor:
         if self._restarter is not None:
             self._restarter.join(timeout=self.cfg.shutdown_timeout_s)
         _close(engine)
+
+
+def _kill(engine: Any) -> None:
+    kill = getattr(engine, "kill", None)
+    if kill is not None:
+        try:
+            kill()
+        except Exception:  # noqa: BLE001 - it is being replaced either way
+            log.debug("baa serve: killing an engine failed", exc_info=True)
 
 
 def _close(engine: Any) -> None:
