@@ -125,6 +125,40 @@ def test_the_heartbeat_finds_a_dead_or_stopped_idle_engine():
     wait_for(lambda: supervisor.state == READY and supervisor.engine is engines[2])
 
 
+def test_a_stale_heartbeat_does_not_kill_the_engine_that_replaced_its_engine():
+    """check() read engine 0, which died and was replaced while it asked; its failed ping must
+    not kill engine 1."""
+    engines = []
+
+    class Racing(FakeEngine):
+        race = False
+
+        def alive(self):
+            if self.race:  # between check()'s read of the engine and its ping: death and a fast restart
+                self.race, self.dead = False, True
+                supervisor.ready_now()  # a probe finds it dead: the restart starts (and may be done at once)
+                wait_for(lambda: supervisor.state == READY and supervisor.engine is not self)
+                return True  # what check() acts on was read before the death
+            return super().alive()
+
+        def ping(self, timeout):
+            if self.dead:
+                raise EngineGone("exited")
+
+    def start():
+        engines.append(Racing(len(engines)))
+        return engines[-1]
+
+    cfg = ServeConfig(budgets=[1.0], min_budget=1.0, watchdog_min_ms=100, heartbeat_s=0.01, **FAST)
+    supervisor = Supervisor(start, lambda engine: latency_model(), cfg)
+    supervisor.first_start()
+    time.sleep(0.05)
+    engines[0].race = True
+    supervisor.check()
+    time.sleep(0.1)
+    assert not engines[1].killed and supervisor.state == READY and supervisor.engine is engines[1] and len(engines) == 2
+
+
 def test_after_max_restarts_failed_tries_the_supervisor_gives_up(monkeypatch):
     monkeypatch.setattr(time, "sleep", lambda s: None)  # no back-off waits in the test
     supervisor, engines, _ = make_supervisor(fail_starts=5, max_restarts=2)

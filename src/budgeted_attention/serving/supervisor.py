@@ -156,17 +156,16 @@ class Supervisor:
     def restartable(self) -> bool:
         return bool(getattr(self.engine, "in_child", False))
 
-    def _went_down(self, reason: str) -> None:
-        """The engine died or hung: kill it, stop taking batches, restart in the background."""
+    def _went_down(self, engine: Any, reason: str) -> None:
+        """``engine`` died or hung: kill it, stop taking batches, restart in the background. Nothing
+        happens when it is no longer the current engine (a heartbeat or probe that read it before
+        a restart replaced it must not kill its successor)."""
         with self._state_lock:
-            if self.state != READY or self._closed:
+            if self.state != READY or self._closed or engine is not self.engine:
                 return
             self.state, self.reason = RESTARTING, f"engine restarting: {reason}"
-            engine = self.engine
         log.error("baa serve: %s", self.reason)
-        kill = getattr(engine, "kill", None)
-        if kill is not None:
-            kill()
+        _kill(engine)
         self._restarter = threading.Thread(target=self._restart_loop, args=(engine,), name="baa-engine-restart", daemon=True)
         self._restarter.start()
 
@@ -226,7 +225,7 @@ class Supervisor:
                     return engine.run(ids, budget)
                 return engine.run(ids, budget, timeout=self.batch_deadline_s(budget, len(ids), max(len(x) for x in ids)))
             except EngineGone as exc:
-                self._went_down(str(exc))
+                self._went_down(engine, str(exc))
                 # This batch's own reason: a fast restart may already be done when it is read.
                 raise EngineUnavailable(f"engine restarting: {exc}", self.retry_after()) from None
             finally:
@@ -237,7 +236,7 @@ class Supervisor:
         no message to the child, so ``/readyz`` can call it on every probe)."""
         engine = self.engine
         if self.state == READY and self.restartable and not engine.alive():
-            self._went_down(f"the engine process exited (code {getattr(engine, 'exitcode', None)})")
+            self._went_down(engine, f"the engine process exited (code {getattr(engine, 'exitcode', None)})")
         return self.state == READY
 
     def check(self) -> None:
@@ -247,7 +246,7 @@ class Supervisor:
         if self.state != READY or not self.restartable:
             return
         if not engine.alive():
-            self._went_down(f"the engine process exited (code {getattr(engine, 'exitcode', None)})")
+            self._went_down(engine, f"the engine process exited (code {getattr(engine, 'exitcode', None)})")
             return
         if time.monotonic() - self._last_call < self.cfg.heartbeat_s or not self._call_lock.acquire(blocking=False):
             return  # a batch ran recently or runs now: its own deadline watches it
@@ -255,7 +254,7 @@ class Supervisor:
             engine.ping(self.cfg.watchdog_min_ms / 1e3)
             self._last_call = time.monotonic()
         except EngineGone as exc:
-            self._went_down(str(exc))
+            self._went_down(engine, str(exc))
         finally:
             self._call_lock.release()
 
