@@ -21,7 +21,7 @@ import pytest
 from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.errors import EngineGone, EngineUnavailable
 from budgeted_attention.serving.latency import LatencyModel
-from budgeted_attention.serving.supervisor import FAILED, READY, RESTARTING, Supervisor
+from budgeted_attention.serving.supervisor import FAILED, READY, RESTARTING, STOPPED, Supervisor
 
 FAST = dict(freeze_gc=False, warmup_batches=0, calibration_batch_sizes=[1], max_texts=4, max_text_chars=200, max_batch_size=4)
 
@@ -208,6 +208,51 @@ def test_a_restart_that_hangs_is_killed_at_its_deadline(monkeypatch):
     assert hung and hung[0].killed and supervisor.engine is engines[2]
     assert supervisor.failed_tries == 0 and supervisor.restarts == 1
     assert time.monotonic() - started < 5
+
+
+def test_a_shutdown_during_the_first_load_is_not_held_by_it(monkeypatch):
+    """SIGTERM while the model loads: the engine process still starting is killed and the lifespan
+    ends at once, not when (if ever) the load finishes."""
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    from fastapi.testclient import TestClient  # noqa: PLC0415
+
+    from budgeted_attention.serving import remote  # noqa: PLC0415
+    from budgeted_attention.serving.app import create_app  # noqa: PLC0415
+
+    loads = []
+
+    class HungLoad:  # a RemoteEngine whose child runs, then never finishes loading
+        def __init__(self, run_dir, cfg, *, seed=None, onnx_dir=None, on_spawn=None):
+            self.gone = threading.Event()
+            loads.append(self)
+            if on_spawn is not None:
+                on_spawn(self)
+            self.gone.wait(10)
+            raise EngineGone("the engine process exited (code -9) while starting")
+
+        def kill(self):
+            self.gone.set()
+
+    monkeypatch.setattr(remote, "RemoteEngine", HungLoad)
+    app = create_app("unused", ServeConfig(budgets=[1.0], min_budget=1.0, engine_process=True, **FAST))
+    with TestClient(app) as client:
+        wait_for(lambda: bool(loads))
+        assert client.get("/readyz").status_code == 503
+        started = time.monotonic()
+    assert time.monotonic() - started < 3 and loads[0].gone.is_set()
+
+
+def test_after_the_shutdown_began_a_failed_engine_is_not_restarted():
+    supervisor, engines, restarts = make_supervisor()
+    supervisor.shut_down()  # the lifespan's first step at shutdown, before the queue drains
+    engines[0].hang = True
+    with pytest.raises(EngineUnavailable, match="shutdown"):
+        supervisor.run([[1]], 1.0)
+    assert engines[0].killed and supervisor.state == STOPPED
+    with pytest.raises(EngineUnavailable):  # the batches still queued fail at once
+        supervisor.run([[1]], 1.0)
+    time.sleep(0.3)
+    assert len(engines) == 1 and restarts == [] and supervisor.restarts == 0
 
 
 def test_a_model_in_this_process_is_not_supervised():

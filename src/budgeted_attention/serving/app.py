@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -159,6 +160,33 @@ class ServerState:
         return text if self.cfg.expose_paths else hide_paths(text)
 
 
+async def in_daemon_thread(function: Any, name: str) -> Any:
+    """``function()`` run in a daemon thread of its own; awaiting it can be cancelled, and the
+    process can exit while it still runs (``asyncio.to_thread`` threads are joined at exit)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not future.done():
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+
+    def run() -> None:
+        try:
+            result, error = function(), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop has closed: nobody waits any more
+            pass
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await future
+
+
 def calibrate_engine(engine: Any, cfg: ServeConfig, seq_len: int) -> LatencyModel:
     """Time every configured budget at the calibration batch sizes with synthetic texts of ``seq_len`` tokens."""
     from budgeted_attention.data.inputs import random_ids  # noqa: PLC0415 - torch, in the loader thread only
@@ -253,8 +281,11 @@ def create_app(
         async def start() -> None:
             nonlocal watcher
             try:
-                await asyncio.to_thread(state.supervisor.first_start)
+                # A daemon thread, not the loop's executor: a shutdown during the load must not wait for it.
+                await in_daemon_thread(state.supervisor.first_start, "baa-engine-load")
             except Exception:  # noqa: BLE001 - reported by /readyz, /healthz and the log; the process stays up
+                return
+            if state.supervisor.closed or state.engine is None:  # the shutdown began while it loaded
                 return
             state.floor = state.engine.min_allowed_budget()
             state.batcher = Batcher(state.supervisor, cfg, state.latency, state.floor, state.metrics)
@@ -269,11 +300,22 @@ def create_app(
         loader = asyncio.create_task(start())
         app.state.baa = state
         yield
-        await loader
+        # From here on nothing is restarted: an engine that fails while the queue drains stays down.
+        state.supervisor.shut_down()  # also kills an engine process still loading
+        if not loader.done():
+            log.warning("baa serve: shutting down before the model was ready: the load is abandoned")
+            loader.cancel()
+            await asyncio.gather(loader, return_exceptions=True)
         if watcher is not None:
             watcher.cancel()
         if state.batcher is not None:
-            await state.batcher.drain()  # in-flight and queued requests finish first
+            drain = asyncio.ensure_future(state.batcher.drain())  # in-flight and queued requests finish first
+            done, _ = await asyncio.wait({drain}, timeout=cfg.shutdown_timeout_s + cfg.watchdog_min_ms / 1e3)
+            if not done:  # a batch that does not end: stop the engine, the rest then fail at once
+                log.warning("baa serve: the queue did not drain within %.1f s: stopping the engine", cfg.shutdown_timeout_s)
+                if engine is None:
+                    await asyncio.to_thread(state.supervisor.kill)
+                await drain
         if engine is None:  # our engine process exits after the last batch
             await asyncio.to_thread(state.supervisor.close)
         worker_exited()  # with several workers: this one's queue gauge stops counting

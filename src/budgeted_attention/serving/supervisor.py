@@ -31,9 +31,10 @@ from budgeted_attention.serving.errors import EngineGone, EngineUnavailable
 
 log = logging.getLogger("budgeted_attention.serve")
 
-__all__ = ["FAILED", "LOADING", "READY", "RESTARTING", "EngineUnavailable", "Supervisor"]
+__all__ = ["FAILED", "LOADING", "READY", "RESTARTING", "STOPPED", "EngineUnavailable", "Supervisor"]
 
 LOADING, READY, RESTARTING, FAILED = "loading", "ready", "restarting", "failed"
+STOPPED = "stopped"  # the engine failed after the shutdown began: not restarted, batches refused at once
 # A restart (load + calibration) that takes longer than RESTART_FACTOR times the last start, and at
 # least RESTART_FLOOR_S, is hung (a stuck disk, a stopped child): its child is killed and the try
 # counts as failed, instead of waiting for the first start's 600 s limit on every try.
@@ -87,7 +88,7 @@ class Supervisor:
         try:
             self._bring_up()
         except Exception as exc:
-            self._give_up(f"model failed to load: {type(exc).__name__}: {exc}")
+            self._give_up("model load abandoned: the server is shutting down" if self._closed else f"model failed to load: {type(exc).__name__}: {exc}")
             raise
 
     def restart_deadline_s(self) -> float:
@@ -161,11 +162,17 @@ class Supervisor:
         happens when it is no longer the current engine (a heartbeat or probe that read it before
         a restart replaced it must not kill its successor)."""
         with self._state_lock:
-            if self.state != READY or self._closed or engine is not self.engine:
+            if self.state != READY or engine is not self.engine:
                 return
-            self.state, self.reason = RESTARTING, f"engine restarting: {reason}"
+            closed = self._closed
+            if closed:  # the server is stopping: no restart, the batches still queued fail at once
+                self.state, self.reason = STOPPED, f"engine stopped during the shutdown: {reason}"
+            else:
+                self.state, self.reason = RESTARTING, f"engine restarting: {reason}"
         log.error("baa serve: %s", self.reason)
         _kill(engine)
+        if closed:
+            return
         self._restarter = threading.Thread(target=self._restart_loop, args=(engine,), name="baa-engine-restart", daemon=True)
         self._restarter.start()
 
@@ -175,6 +182,8 @@ class Supervisor:
             try:
                 self._bring_up(self.restart_deadline_s())
             except Exception as exc:  # noqa: BLE001 - counted, retried, then given up
+                if self._closed:  # the shutdown killed it
+                    return
                 self.failed_tries += 1
                 message = f"{type(exc).__name__}: {exc}"
                 log.error("baa serve: engine restart %d of %d failed: %s", self.failed_tries, self.cfg.max_restarts, message)
@@ -227,7 +236,8 @@ class Supervisor:
             except EngineGone as exc:
                 self._went_down(engine, str(exc))
                 # This batch's own reason: a fast restart may already be done when it is read.
-                raise EngineUnavailable(f"engine restarting: {exc}", self.retry_after()) from None
+                reason = self.reason if self.state == STOPPED else f"engine restarting: {exc}"
+                raise EngineUnavailable(reason, self.retry_after()) from None
             finally:
                 self._last_call = time.monotonic()
 
@@ -258,10 +268,28 @@ class Supervisor:
         finally:
             self._call_lock.release()
 
-    def close(self) -> None:
-        """Stop the engine (after the batcher drained) and any restart in progress."""
+    def shut_down(self) -> None:
+        """The server is stopping (call first, before draining): no restart from now on, and an
+        engine still starting (the first load, or a restart) is killed."""
         with self._state_lock:
             self._closed = True
+            starting = self._starting
+        if starting is not None:
+            log.warning("baa serve: shutting down while an engine starts: it is stopped")
+            _kill(starting)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def kill(self) -> None:
+        """Kill the current engine at once (a drain past the shutdown timeout)."""
+        _kill(self.engine)
+
+    def close(self) -> None:
+        """Stop the engine (after the batcher drained) and any restart in progress."""
+        self.shut_down()
+        with self._state_lock:
             engine = self.engine
         if self._restarter is not None:
             self._restarter.join(timeout=self.cfg.shutdown_timeout_s)
