@@ -44,7 +44,7 @@ def test_static_slice_runs_an_inputs_head_count_without_the_router():
 def test_rows_time_the_static_slice_at_batch_one_only(batch_size):
     model = _routed()
     rows = bench_per_input(
-        model, model.plain_reference(), _batches(batch_size),
+        model, static_slice(model).inference_module(), _batches(batch_size),
         [0.5], BenchConfig(rounds=1, min_run_time=0.01), method="capped-routing",
     )
     (row,) = rows
@@ -53,7 +53,7 @@ def test_rows_time_the_static_slice_at_batch_one_only(batch_size):
         assert row["static_latency_ms"] > 0
         assert row["routing_share"] == pytest.approx(row["speedup"] / row["static_speedup"])
         assert row["static_efficiency"] == pytest.approx(row["static_speedup"] / row["ideal_speedup"])
-        # the same decisions through the lean copy, against its own dense pass and the plain reference
+        # the same decisions through the lean copy, against its own dense pass and the dense reference
         assert row["lean_latency_ms"] > 0 and row["lean_static_latency_ms"] > 0
         assert row["lean_speedup"] == pytest.approx(row["lean_dense_latency_ms"] / row["lean_latency_ms"])
         assert row["lean_efficiency"] == pytest.approx(row["lean_speedup"] / row["ideal_speedup"])
@@ -82,7 +82,7 @@ def test_lean_timings_run_the_lean_copies(monkeypatch):
         return forward(self, *args, head_sets=head_sets, **kwargs)
 
     monkeypatch.setattr(CompactEncoder, "forward", spy)
-    (row,) = bench_per_input(_routed(), _routed().plain_reference(), _batches(1), [0.25], BenchConfig(rounds=1, min_run_time=0.01), method="capped-routing")
-    # one copy runs the routed sets (and its own dense pass), another the static slice's prefixes
-    assert len(calls["sets"]) == 1 and len(calls["prefix"]) == 2 and calls["sets"] < calls["prefix"]
+    (row,) = bench_per_input(_routed(), static_slice(_routed()).inference_module(), _batches(1), [0.25], BenchConfig(rounds=1, min_run_time=0.01), method="capped-routing")
+    # one copy runs the routed sets (and its own dense pass), another the static slice's prefixes, a third the dense reference
+    assert len(calls["sets"]) == 1 and len(calls["prefix"]) == 3 and calls["sets"] < calls["prefix"]
     assert row["lean_routing_share"] > 0

@@ -1,4 +1,4 @@
-"""CompactBert: the lean inference copy of a (pruned) BERT classifier computes the module tree's logits."""
+"""CompactBert: the lean executor of a (pruned) BERT-family classifier (BERT, RoBERTa, XLM-R, ELECTRA) computes the module tree's logits."""
 
 from unittest.mock import patch
 
@@ -6,11 +6,13 @@ import pytest
 import torch
 
 pytest.importorskip("transformers", reason="transformers is not installed")
-from transformers import BertConfig, BertForSequenceClassification, RobertaConfig, RobertaForSequenceClassification  # noqa: E402
+import transformers  # noqa: E402
+from transformers import BertConfig, BertForSequenceClassification  # noqa: E402
 
+from budgeted_attention.errors import BAAError  # noqa: E402
 from budgeted_attention.model.gates import UnitGates  # noqa: E402
 from budgeted_attention.hf.bert import GatedBertClassifier  # noqa: E402
-from budgeted_attention.hf.compact import CompactBert, compact_unsupported  # noqa: E402
+from budgeted_attention.hf.compact import CompactBert  # noqa: E402
 from budgeted_attention.model.router import RouterConfig  # noqa: E402
 
 
@@ -54,7 +56,7 @@ def test_dense_compact_copy_equals_the_unmodified_transformers_model():
         assert torch.allclose(compact(ids, mask, segments), reference(ids, mask, segments), atol=1e-5)
         # Negative control: the attention scale matters at this initialisation.
         for layer in compact.layers:
-            layer.scaling *= 2
+            layer.attend_options["scale"] *= 2
         assert (compact(ids, mask, segments) - reference(ids, mask, segments)).abs().max() > 1e-2
 
 
@@ -96,9 +98,11 @@ def test_compact_copy_is_a_snapshot_that_knows_when_it_is_stale_and_moves_with_t
     assert all(buffer.dtype == torch.float64 for buffer in compact.to(torch.float64).buffers())
 
 
-def test_decoder_configs_have_no_compact_copy():
+def test_decoder_configs_are_refused_by_name():
     model = _tiny_bert(is_decoder=True)
-    assert "decoder" in compact_unsupported(model) and model.inference_module() is model
+    assert "decoder config" in model.lean_unsupported()
+    with pytest.raises(BAAError, match="the bert family's lean executor does not run a decoder config"):
+        model.inference_module()
 
 
 def test_too_long_inputs_are_refused_naming_the_length():
@@ -107,18 +111,33 @@ def test_too_long_inputs_are_refused_naming_the_length():
         compact(torch.zeros(1, 17, dtype=torch.long))
 
 
-def test_families_without_a_compact_copy_run_as_they_are():
-    roberta = RobertaForSequenceClassification(RobertaConfig(
-        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=16, num_labels=2,
-        attn_implementation="sdpa",
-    )).eval()
-    model = GatedBertClassifier(roberta)
-    assert "roberta" in compact_unsupported(model) and model.inference_module() is model
-    with pytest.raises(ValueError, match="no compact inference copy for this model: model type 'roberta'"):
-        CompactBert(model)
+@pytest.mark.parametrize("kind", ["roberta", "xlm-roberta", "electra"])
+def test_roberta_xlmr_and_electra_run_in_the_lean_executor(kind):
+    """RoBERTa-style positions (counted from the padding id over real tokens, so padding moves
+    them), ELECTRA's embedding projection, and both heads (dense, tanh or GELU, out_proj)."""
+    torch.manual_seed(0)
+    names = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta", "electra": "Electra"}[kind]
+    extra = {"embedding_size": 16} if kind == "electra" else {"max_position_embeddings": 20}
+    config = getattr(transformers, f"{names}Config")(
+        vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=16, num_labels=3,
+        pad_token_id=1, attn_implementation="sdpa", initializer_range=0.2, **extra,
+    )
+    model = GatedBertClassifier(getattr(transformers, f"{names}ForSequenceClassification")(config).eval(), ffn_group_size=4).eval()
+    ids, mask, _ = _inputs()
+    ids = ids.masked_fill(mask == 0, 1)  # padded with the padding id, as a tokenizer does
+    with torch.no_grad():
+        for attention_mask in (None, mask):
+            torch.testing.assert_close(model.inference_module()(ids, attention_mask), model(ids, attention_mask), atol=1e-5, rtol=1e-5)
+        model.keep_units([[0, 2], [], [1, 3]], [[1], [0, 1, 2, 3], []])
+        torch.testing.assert_close(model.inference_module()(ids, mask), model(ids, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_a_router_is_refused_by_name_unless_the_executor_is_routed():
     routed = _tiny_bert()
     routed.attach_router(RouterConfig())
-    assert "router" in compact_unsupported(routed) and routed.inference_module() is routed
+    with pytest.raises(BAAError, match="the bert family's lean executor does not run a per-input router's decision"):
+        routed.inference_module()
+    assert isinstance(routed.inference_module(routed=True), CompactBert)
 
 
 def test_sliced_bert_serves_every_budget_through_the_lean_copy():

@@ -1,4 +1,4 @@
-"""CompactEncoder: the lean inference copy of our encoder computes the model's logits."""
+"""CompactEncoder: the lean executor of our encoder computes the model's logits."""
 
 from unittest.mock import patch
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from budgeted_attention.model.gates import UnitGates
-from budgeted_attention.model.compact import CompactEncoder, compact_unsupported
+from budgeted_attention.errors import BAAError
+from budgeted_attention.model.compact import CompactEncoder
 from budgeted_attention.model.router import RouterConfig
 from budgeted_attention.model.transformer import EncoderClassifier
 from budgeted_attention.pruning.selection import Ranking
@@ -87,14 +88,26 @@ def test_sliced_encoder_serves_through_the_lean_copy():
             assert torch.allclose(lean, sliced.model(ids, mask), atol=1e-5)
 
 
-def test_options_without_a_lean_copy_run_the_module_tree():
-    for model, what in ((_encoder(qk_norm=True), "qk_norm"), (_encoder(residual_gate=True), "residual_gate")):
-        assert what in compact_unsupported(model) and model.inference_module() is model
+@pytest.mark.parametrize("options", [{"qk_norm": True}, {"residual_gate": True}, {"qk_norm": True, "residual_gate": True, "d_ff": 0}])
+def test_qk_norm_and_residual_gains_run_in_the_lean_executor(options):
+    model = _encoder(**options)
+    with torch.no_grad():  # gains away from 1, so a missing gain shows
+        for block in model.blocks:
+            for name in ("attn_gain", "ffn_gain"):
+                if hasattr(block, name):
+                    getattr(block, name).fill_(0.7)
+    _assert_same(model, model.inference_module())
+    model.set_active([0, 2, 4])
+    _assert_same(model, model.inference_module())
+
+
+def test_a_router_is_refused_by_name_unless_the_executor_is_routed():
     routed = _encoder()
     routed.attach_router(RouterConfig())
-    assert "router" in compact_unsupported(routed) and routed.inference_module() is routed
-    with pytest.raises(ValueError, match="no compact inference copy for this model: a per-input router"):
-        CompactEncoder(routed)
+    assert "per-input router" in routed.lean_unsupported() and routed.lean_unsupported(routed=True) is None
+    with pytest.raises(BAAError, match="the encoder family's lean executor does not run a per-input router's decision"):
+        routed.inference_module()
+    assert isinstance(routed.inference_module(routed=True), CompactEncoder)
 
 
 def test_segment_ids_and_too_long_inputs_are_refused_as_by_the_model():
@@ -151,14 +164,12 @@ def test_a_router_attached_to_a_sliced_encoder_sends_calls_to_the_module_tree():
         sliced(ids, mask)
 
 
-def test_models_made_under_inference_mode_and_decoders_have_no_lean_copy():
-    from budgeted_attention.model.decoder import CausalLM, DecoderConfig  # noqa: PLC0415
-
+def test_models_made_under_inference_mode_are_refused_by_name():
     with torch.inference_mode():
         frozen = EncoderClassifier(tiny_config()).eval()
-    assert "inference tensors" in compact_unsupported(frozen) and frozen.inference_module() is frozen
-    decoder = CausalLM(DecoderConfig(vocab_size=31, max_len=16, d_model=32, n_layers=2, n_heads=4, d_ff=48))
-    assert decoder.inference_module() is decoder
+    assert "inference tensors" in frozen.lean_unsupported()
+    with pytest.raises(BAAError, match="lean executor does not run parameters that are inference tensors"):
+        frozen.inference_module()
 
 
 def test_a_lean_copy_in_training_mode_refuses():

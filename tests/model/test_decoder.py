@@ -6,6 +6,7 @@ import torch
 
 from budgeted_attention.checkpoint import load_model, save_model
 from budgeted_attention.errors import ConfigError
+from budgeted_attention.model.compact import CompactDecoder
 from budgeted_attention.model.decoder import CausalLM, DecoderConfig, lm_loss
 from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import prune_to_budget
@@ -101,30 +102,29 @@ def test_bad_decoder_options_are_refused():
 
 
 @pytest.mark.parametrize("options", [{}, {"qk_norm": True, "residual_gate": True}, {"d_ff": 0, "ffn_group_size": 0, "qk_norm": True, "residual_gate": True}])
-def test_plain_reference_equals_dense_decoder(options):
+def test_lean_executor_equals_the_decoder_dense_and_pruned(options):
     model = _model(**options)
     with torch.no_grad():  # move the QK-norm gains and residual gains off their init values
         for name, param in model.named_parameters():
             if "norm" in name or "gain" in name:
                 param.add_(0.3 * torch.randn(param.shape))
-    reference = model.plain_reference()
+    lean = model.inference_module()
+    assert isinstance(lean, CompactDecoder)
+    mask = torch.ones_like(IDS)
+    mask[1, 7:] = 0  # right padding: unused, as by the model
     with torch.no_grad():
-        torch.testing.assert_close(reference(IDS), model(IDS), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lean(IDS, mask), model(IDS, mask), atol=1e-5, rtol=1e-5)
+        assert lean(IDS).shape == (2, 12, 31)
+        pruned = prune_to_budget(model, Ranking.from_scores(model.unit_importance(), model.unit_costs(12)), 0.5)
+        torch.testing.assert_close(pruned.inference_module()(IDS), pruned(IDS), atol=1e-5, rtol=1e-5)
 
 
-def test_plain_reference_refuses_pruned_decoder():
-    model = _model()
-    pruned = prune_to_budget(model, Ranking.from_scores(model.unit_importance(), model.unit_costs(12)), 0.5)
-    with pytest.raises(ValueError, match="unpruned"):
-        pruned.plain_reference()
-
-
-def test_decoder_without_positions_runs_at_any_length_and_matches_its_reference():
+def test_decoder_without_positions_runs_at_any_length_through_its_lean_executor():
     model = _model(positions="none", max_len=64)
     assert model.position_embedding is None
     ids = torch.randint(0, 31, (1, 64))
     with torch.no_grad():
-        torch.testing.assert_close(model.plain_reference()(ids), model(ids), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(model.inference_module()(ids), model(ids), atol=1e-5, rtol=1e-5)
     with pytest.raises(ConfigError, match="model.positions"):
         DecoderConfig(positions="rope")
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from budgeted_attention.checkpoint import load_model, save_model
-from budgeted_attention.errors import ConfigError
+from budgeted_attention.errors import BAAError, ConfigError
 from budgeted_attention.model.config import MetaConfig, ModelConfig
 from budgeted_attention.model.decoder import CausalLM, DecoderConfig
 from budgeted_attention.model.meta_attention import MetaSelfAttention
@@ -175,8 +175,9 @@ def test_meta_attention_is_refused_where_it_does_not_apply():
         ModelConfig(attention="sparse")
     with pytest.raises(ConfigError, match="model.meta.controller"):
         MetaConfig(controller="oracle")
-    with pytest.raises(ValueError, match="softmax attention"):
-        _lm().plain_reference()
+    with pytest.raises(BAAError, match="the decoder family's lean executor does not run meta-attention"):
+        _lm().inference_module()
+    assert "meta-attention" in _lm().lean_unsupported()
 
 
 @pytest.mark.parametrize("seq", [64, 150])

@@ -114,16 +114,23 @@ def test_the_copy_is_rebuilt_after_a_weight_change():
         assert torch.allclose(after, model(ids, mask, budget=0.5), atol=1e-5)
 
 
-def test_needs_a_router_and_falls_back_without_a_lean_copy():
+def test_needs_a_router_runs_qk_norm_lean_and_the_module_tree_where_the_model_says_so():
     torch.manual_seed(0)
     with pytest.raises(ValueError, match="router"):
         RoutedInference(EncoderClassifier(tiny_config()))
-    model = _routed(qk_norm=True)  # no lean copy of QK-norm blocks: the module tree serves
-    runtime = RoutedInference(model)
-    assert runtime.lean is None
     ids, mask = _inputs(batch=1)
+    model = _routed(qk_norm=True, residual_gate=True)  # the lean executor runs QK-norm and residual gains
+    runtime = RoutedInference(model)
     with torch.no_grad():
-        assert torch.allclose(runtime(ids, mask, budget=0.5), model(ids, mask, budget=0.5))
+        assert isinstance(runtime.current_lean(), CompactEncoder)
+        assert torch.allclose(runtime(ids, mask, budget=0.5), model(ids, mask, budget=0.5), atol=1e-5)
+    with torch.inference_mode():  # no version counters: the model says it has no executor, the module tree serves
+        frozen = _routed()
+    assert "inference tensors" in frozen.lean_unsupported(routed=True)
+    runtime = RoutedInference(frozen)
+    assert runtime.lean is None
+    with torch.no_grad():
+        assert torch.allclose(runtime(ids, mask, budget=0.5), frozen(ids, mask, budget=0.5))
 
 
 def test_ffn_widths_set_on_the_model_reach_the_copy():

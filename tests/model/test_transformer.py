@@ -1,7 +1,6 @@
 import pytest
 import torch
 
-from budgeted_attention.benchmark.reference import PlainEncoder
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.transformer import EncoderClassifier
@@ -43,9 +42,9 @@ def test_padding_mask_makes_padded_tokens_irrelevant(tiny_ids):
         assert torch.allclose(model(tiny_ids, mask), model(tiny_ids[:, :7]), atol=1e-5)
 
 
-def test_plain_reference_has_same_logits(tiny_model, tiny_ids):
+def test_lean_executor_has_same_logits(tiny_model, tiny_ids):
     with torch.no_grad():
-        assert torch.allclose(PlainEncoder(tiny_model)(tiny_ids), tiny_model(tiny_ids), atol=1e-5)
+        assert torch.allclose(tiny_model.eval().inference_module()(tiny_ids), tiny_model(tiny_ids), atol=1e-5)
 
 
 def test_attention_only_model_runs(tiny_ids):

@@ -2,15 +2,15 @@
 
 The routed model decides each input's heads, then computes only those (one input: gathered
 weights; a batch: inputs grouped by head set per layer). It is timed on real inputs (routing
-depends on them), interleaved with the plain dense reference (same weights, same kernels, no
-gate or router code), 1 thread by default. The FLOP-ideal speedup is the dense model's FLOPs
+depends on them), interleaved with the dense reference (the dense model's lean executor: the
+inference path, no gate or router code), 1 thread by default. The FLOP-ideal speedup is the dense model's FLOPs
 over the FLOPs of the heads the same inputs selected (cost model at each batch's padded length);
 efficiency = measured / ideal, so router overhead and grouping show as lost efficiency.
 
 At batch 1, where the family has a lean inference copy, the same decisions also run through it
 (:class:`~budgeted_attention.model.routed_inference.RoutedInference`), timed in the same rounds
 against the lean copy's own dense pass (like for like: ``lean_efficiency``) and, with its
-runtime gain, against the plain dense reference (``lean_plain_speedup``); the static slice runs
+runtime gain, against the dense reference (``lean_plain_speedup``); the static slice runs
 through a lean copy too (``lean_static_*``), and so do the same head sets decided before the
 timing (``lean_preset_*``: the routed pass without the per-input decision, so
 ``lean_decision_share`` = lean routed speedup / preset speedup is what the routed pass keeps of
@@ -89,10 +89,9 @@ def _lean_runtimes(model: GatedModel, static: GatedModel | None) -> tuple[Routed
     if static is None:
         return None, None
     runtime = RoutedInference(model)
-    static_lean = static.inference_module()
-    if runtime.lean is None or static_lean is static:
+    if runtime.lean is None:  # the model has something the executor does not run (lean_unsupported)
         return None, None
-    return runtime, static_lean.eval()
+    return runtime, static.inference_module().eval()
 
 
 # The row fields of the batch-1 lean runs (all None where the family has no lean copy).
@@ -134,7 +133,7 @@ def bench_per_input(
 
     Args:
         model: a routed model (router attached), eval mode.
-        reference: the plain dense model, called as ``reference(ids, mask)``.
+        reference: the dense model's lean executor (``dense.inference_module()``), called as ``reference(ids, mask)``.
         batches: (input_ids, attention_mask) pairs of real inputs of one batch size; each batch
             padded to its longest input (lengths may differ between batches).
         budgets: the caller budgets to time (None: a learned router's own budget).
@@ -147,7 +146,7 @@ def bench_per_input(
         FLOP-ideal) and ``routing_share`` (routed speedup / static speedup); None at larger
         batches, whose inputs have different counts that one slice cannot run. At batch 1 with a
         lean copy also ``lean_latency_ms``, ``lean_dense_latency_ms``, ``lean_speedup`` (lean
-        dense over lean routed), ``lean_efficiency``, ``lean_plain_speedup`` (plain dense over
+        dense over lean routed), ``lean_efficiency``, ``lean_plain_speedup`` (the dense reference over
         lean routed), the lean static slice's ``lean_static_*`` / ``lean_routing_share`` and the
         preset run's ``lean_preset_*`` / ``lean_decision_share`` (:data:`LEAN_FIELDS`).
     """

@@ -2,24 +2,25 @@
 
 For each sequence length T, a routed model (:class:`~budgeted_attention.model.decoder.CausalLM`
 with ``attention: meta``) runs in hard mode (each token computes only its chosen expert) and is
-timed, interleaved, against :class:`~budgeted_attention.benchmark.reference.PlainDecoder` with
-``full_attention=True``: the same weights and shape with causal softmax attention for every token
-(the standard SDPA kernel). FLOPs are counted from what the hard pass computed (attention core;
+timed, interleaved, against the same network with causal softmax attention for every token (the
+standard SDPA kernel; :func:`full_attention_copy`: the same weights without the controllers), both
+through their module trees. FLOPs are counted from what the hard pass computed (attention core;
 the projections are the same for both), and the loss of hard routing is compared with the same
 network under full attention and under soft routing (every expert mixed, as trained).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from budgeted_attention.benchmark.latency import measure_interleaved
-from budgeted_attention.benchmark.reference import PlainDecoder
 from budgeted_attention.data.dataset import Split
 from budgeted_attention.model.config import EXPERTS
+from budgeted_attention.model.decoder import CausalLM
 from budgeted_attention.tasks import LANGUAGE_MODEL
 from budgeted_attention.training.routing import causal_attention_flops
 
@@ -27,6 +28,17 @@ from budgeted_attention.training.routing import causal_attention_flops
 def _loss(model: torch.nn.Module, blocks: torch.Tensor) -> float:
     """Token-weighted next-token loss (nats) of ``model`` on (n, T) blocks, one block per batch."""
     return LANGUAGE_MODEL.evaluate(model, Split(blocks, torch.ones_like(blocks), torch.zeros(len(blocks), dtype=torch.long)), batch_size=1)["loss"]
+
+
+def full_attention_copy(model: CausalLM) -> CausalLM:
+    """``model`` (unpruned, Meta-Attention) with softmax attention for every token: the same
+    weights, its controllers dropped (eval mode). The full-attention reference of hard routing."""
+    if model.is_pruned:
+        raise ValueError(f"the full-attention reference mirrors the unpruned model only; got heads_per_layer={model.heads_per_layer}")
+    full = CausalLM(dataclasses.replace(model.config, attention="softmax"))
+    state = {key: value for key, value in model.state_dict().items() if ".attn.controller." not in key}
+    full.load_state_dict(state)
+    return full.eval()
 
 
 def bench_routing(
@@ -57,7 +69,7 @@ def bench_routing(
     if not layers:
         raise ValueError("bench_routing needs a model with Meta-Attention layers (model.attention: meta)")
     model.eval()
-    reference = PlainDecoder(model, full_attention=True)
+    reference = full_attention_copy(model)
     rows = []
     for seq, blocks in tqdm(sorted(blocks_by_len.items()), desc="routing bench", disable=not progress, leave=False):
         if seq > model.config.max_len:

@@ -1,9 +1,12 @@
 """``baa bench``: latency of dense vs pruned models of any family, for several budgets and inputs.
 
-Written once against :class:`budgeted_attention.model.family.GatedModel`: the dense reference is
-the family's ``plain_reference()`` (same kernels, no gate code), and every other reference the
-family offers (``library_references()``, e.g. the unmodified transformers model) is timed in the
-same interleaved rounds, so each pruned model gets a speedup against each reference.
+Written once against :class:`budgeted_attention.model.family.GatedModel`. Every model is timed
+through its family's lean executor (:meth:`GatedModel.inference_module`, the inference path), so
+the like-for-like baseline is the lean executor of the unpruned model at b = 1; the unmodified
+library model (``library_references()``, e.g. transformers), what users run instead, is timed in
+the same interleaved rounds where the family has one. Each row reports ``speedup`` (the pruned
+lean executor over the dense one) and ``library_speedup`` (over the library model), plus
+``onnx_speedup`` with ONNX Runtime.
 """
 
 from __future__ import annotations
@@ -118,6 +121,25 @@ def _onnx_runners(
     return {name: factory(session) for name, session in sessions.items()}
 
 
+# Row keys of earlier releases, written beside the new ones for one release (old key -> new key):
+# every pruned model now runs its lean executor, so the lean and sliced figures are the row's own,
+# and the library reference's figures have one name whatever the library.
+ALIASES = {
+    "lean_dense_latency_ms": "dense_latency_ms", "lean_latency_ms": "latency_ms", "lean_speedup": "speedup",
+    "lean_efficiency": "efficiency", "sliced_latency_ms": "latency_ms", "sliced_speedup": "speedup",
+}
+LIBRARY_ALIASES = ("{name}_latency_ms", "library_latency_ms"), ("{name}_speedup", "library_speedup"), ("lean_{name}_speedup", "library_speedup")
+
+
+def with_aliases(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with the keys of earlier releases added (:data:`ALIASES`; the library's, e.g.
+    ``transformers_speedup``, from the row's ``library``)."""
+    aliases = {old: row[new] for old, new in ALIASES.items() if new in row}
+    if row.get("library"):
+        aliases.update({old.format(name=row["library"]): row[new] for old, new in LIBRARY_ALIASES if new in row})
+    return {**row, **aliases}
+
+
 def bench_models(
     model: GatedModel,
     kept_by_budget: dict[float, KeptUnits],
@@ -131,7 +153,8 @@ def bench_models(
     low_id: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Time the references, the gated model at b = 1, and one pruned model per budget.
+    """Time the lean executors of the dense model (b = 1) and of one pruned model per budget,
+    and the library model where the family has one.
 
     Args:
         model: the full (unpruned) gated model.
@@ -139,67 +162,61 @@ def bench_models(
         extra_kept: more pruned models timed in the same rounds (rows marked by their scope), e.g.
             head-only pruning of an ``all``-scope ranking for a side-by-side comparison.
         cfg: batch sizes, padded sequence lengths, threads, rounds.
-        ranking: when given (and ``cfg.include_sliced``), the sliced layout is timed too, plus
-            the budget switch time.
+        ranking: when given (and ``cfg.include_sliced``), the sliced layout's budget switch is timed.
         lengths: real token counts of a data set; adds padded batches sampled from them.
         vocab_size, pad_id, low_id: id range of the random inputs (``low_id`` None: the model's
             :meth:`~budgeted_attention.model.family.GatedModel.first_ordinary_id`).
 
     Returns:
-        ``{"rows", "gate_overhead", "switch"?, "setting"}``; each row has ``budget, input,
-        batch_size, seq_len, threads, dense_latency_ms, latency_ms, speedup, ideal_speedup,
-        efficiency, heads_kept, heads_per_layer``, ``<reference>_speedup`` per library reference
-        and ``sliced_speedup`` with the sliced layout.
+        ``{"rows", "switch"?, "setting"}``; each row has ``budget, scope, input, batch_size,
+        seq_len, threads, dense_latency_ms, latency_ms, speedup, ideal_speedup, efficiency,
+        heads_kept, heads_per_layer, ffn_per_layer, flops_fraction``, with a library model
+        ``library, library_latency_ms, library_speedup``, with ONNX ``onnx_dense_latency_ms,
+        onnx_latency_ms, onnx_speedup, onnx_efficiency``, and the keys of earlier releases
+        (:func:`with_aliases`).
+
+    Raises:
+        BAAError: the model has something its family's lean executor does not run (named).
     """
     model = model.eval()
     if model.is_pruned:
-        raise ValueError("bench needs the full model (the references are built from it)")
+        raise ValueError("bench needs the full model (the dense baseline and the library model are built from it)")
     check_lengths(model, cfg.seq_lens, "bench sequence length")
     if lengths and max(lengths) > model.max_len:
         raise ValueError(f"the data's longest example ({max(lengths)} tokens) exceeds the model's max_len {model.max_len}")
     vocab = vocab_size or _vocab_size(model)
     device = _bench_device(cfg)
-    plain = model.plain_reference().eval().to(device)
-    references = {name: ref.eval().to(device) for name, ref in model.library_references().items()}
+    library = next(iter(model.library_references().items()), None)  # (name, module): what users run instead
+    if library is not None:
+        library = library[0], library[1].eval().to(device)
+    sliced = SlicedModel(model, ranking).eval() if (ranking is not None and cfg.include_sliced) else None
     pruned: dict[str, tuple[float, GatedModel, bool]] = {}  # key -> (budget, model, FFN pruned)
     for b, units in list(kept_by_budget.items()) + list((extra_kept or {}).items()):
         pruned[_key(b, units.scope)] = (b, model.pruned_copy(units.heads, units.groups).to(device), units.scope == "all")
-    sliced = SlicedModel(model, ranking).eval().to(device) if (ranking is not None and cfg.include_sliced) else None
-    model = model.to(device)  # the gated model at b = 1 (moved back to the CPU at the end)
-    sliced_scope = "heads" if ranking is None else ranking.scope
+    model = model.to(device)  # moved back to the CPU at the end
+    lean = {"dense": model.inference_module(), **{key: pm.inference_module() for key, (_, pm, _) in pruned.items()}}
     main_keys = [_key(b, units.scope) for b, units in kept_by_budget.items()]
-    lean = _lean_modules(model, pruned, main_keys)
     try:
         with tempfile.TemporaryDirectory(prefix="baa-bench-onnx-") as folder:
             onnx = _onnx_runners(model, pruned, main_keys, cfg.threads, folder) if cfg.onnx else {}
-            rows, overhead = _time_settings(
-                model, plain, references, pruned, sliced, sliced_scope, onnx, lean, kept_by_budget, cfg,
-                _input_settings(model, cfg, vocab, lengths, pad_id, low_id), progress,
-            )
+            rows = _time_settings(model, lean, library, pruned, onnx, cfg, _input_settings(model, cfg, vocab, lengths, pad_id, low_id), progress)
     finally:
         model.to("cpu")  # the caller's model, moved to the timing device above
     result: dict[str, Any] = {
         "rows": rows,
-        "gate_overhead": overhead,
         "setting": {
             "threads": cfg.threads,
             "rounds": cfg.rounds,
             "min_run_time_s": cfg.min_run_time,
             "timer": "torch.utils.benchmark blocked_autorange, interleaved, median of round medians"
-            + (", torch.compile of the references, pruned models and lean copies (the gated model and the sliced layout run eager)" if cfg.compile else ""),
+            + (", torch.compile of the lean executors and the library model" if cfg.compile else ""),
             "compile": cfg.compile,
             "allocator": keep_freed_memory(),
-            "dense_reference": f"{type(plain).__name__}: same weights and kernels, no gate code",
-            "library_references": sorted(references),
+            "dense_reference": f"{type(lean['dense']).__name__} at b = 1: the family's lean executor of the unpruned model, as every pruned model runs",
+            "library": None if library is None else library[0],
             "length_batches": LENGTH_BATCHES if lengths else 0,
             "family": model.family,
             "onnx": f"onnxruntime {_ort_version()}, {cfg.threads} intra-op thread(s), b = 1 graph as its reference" if cfg.onnx else None,
-            "lean": (
-                f"{type(lean['lean_dense']).__name__}: the family's lean inference copy (same weights and kernel types, "
-                "less framework code), the dense one as its reference" if lean else None
-            ),
-            # What the sliced layout runs (and so which dense model its speedup is over).
-            "sliced": None if sliced is None else ("lean copy, over the lean dense copy" if (sliced.lean is not None and lean) else "module tree, over the dense reference"),
         },
     }
     if cfg.device == "cuda":
@@ -218,16 +235,6 @@ def bench_models(
 
         result["switch"] = {"switch_ms": time_call(switch, repeats=2000), "budgets": budgets}
     return result
-
-
-def _lean_modules(model: GatedModel, pruned: dict[str, tuple[float, GatedModel, bool]], keys: list[str]) -> dict[str, torch.nn.Module]:
-    """The family's lean inference copies (:meth:`GatedModel.inference_module`) of the dense model
-    (``lean_dense``) and of the pruned models ``keys`` (``lean_<key>``); empty when the family runs
-    its models as they are (its inference module is the model itself)."""
-    dense = model.inference_module()
-    if dense is model:
-        return {}
-    return {"lean_dense": dense.eval(), **{f"lean_{key}": pruned[key][1].inference_module().eval() for key in keys}}
 
 
 def _bench_device(cfg: BenchConfig) -> torch.device:
@@ -268,75 +275,39 @@ def _measure(functions: dict[str, Callable[[], None]], cfg: BenchConfig) -> dict
 
 
 def _time_settings(
-    model: GatedModel, plain, references, pruned, sliced, sliced_scope: str, onnx, lean, kept_by_budget, cfg: BenchConfig, settings, progress: bool,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Time every candidate on each input setting, interleaved; (speed rows, gate-overhead entries)."""
+    model: GatedModel, lean: dict[str, torch.nn.Module], library, pruned, onnx, cfg: BenchConfig, settings, progress: bool,
+) -> list[dict[str, Any]]:
+    """Time every candidate on each input setting, interleaved; the speed rows."""
     rows: list[dict[str, Any]] = []
-    overhead: list[dict[str, Any]] = []
     device = _bench_device(cfg)
     compiled = _compiler(cfg)
     for label, batch, seq, batches in tqdm(settings, desc="bench", disable=not progress, leave=False):
         batches = [(ids.to(device), None if mask is None else mask.to(device)) for ids, mask in batches]
-        functions: dict[str, Callable[[], None]] = {"plain": _runner(compiled(plain), batches)}
-        for name, ref in references.items():
-            functions[name] = _runner(compiled(ref), batches)
-        functions["gated_b1"] = _runner(lambda ids, mask: model(ids, mask, budget=1.0), batches)
-        for key, (_, pm, _) in pruned.items():
-            functions[f"pruned_{key}"] = _runner(compiled(pm), batches)
+        functions: dict[str, Callable[[], None]] = {f"lean_{key}": _runner(compiled(module), batches) for key, module in lean.items()}
+        if library is not None:
+            functions["library"] = _runner(compiled(library[1]), batches)
         for name, make in onnx.items():
             functions[name] = make(batches)
-        for name, module in lean.items():
-            functions[name] = _runner(compiled(module), batches)
-        if sliced is not None:
-            for b in kept_by_budget:
-                functions[f"sliced_{b}"] = (lambda budget, run: lambda: (sliced.set_budget(budget), run()))(b, _runner(sliced, batches))
         latency = {k: v / len(batches) for k, v in _measure(functions, cfg).items()}
         cost = model.cost_model(seq)
-        dense_ms = latency["plain"]
         for key, (b, pm, ffn_pruned) in pruned.items():
-            pruned_ms = latency[f"pruned_{key}"]
+            pruned_ms = latency[f"lean_{key}"]
             widths = pm.active_ffn_widths() if ffn_pruned else None
-            row = {"input": label, **speed_row(b, batch, seq, cfg.threads, dense_ms, pruned_ms, pm.heads_per_layer, cost, widths)}
-            for name in references:
-                row[f"{name}_latency_ms"] = latency[name]
-                row[f"{name}_speedup"] = latency[name] / pruned_ms
+            row = {"input": label, **speed_row(b, batch, seq, cfg.threads, latency["lean_dense"], pruned_ms, pm.heads_per_layer, cost, widths)}
+            if library is not None:
+                row.update(library=library[0], library_latency_ms=latency["library"], library_speedup=latency["library"] / pruned_ms)
             if f"onnx_{key}" in latency:  # ONNX Runtime: the pruned graph against the dense graph
                 row["onnx_dense_latency_ms"] = latency["onnx_dense"]
                 row["onnx_latency_ms"] = latency[f"onnx_{key}"]
                 row["onnx_speedup"] = latency["onnx_dense"] / latency[f"onnx_{key}"]
                 row["onnx_efficiency"] = row["onnx_speedup"] / row["ideal_speedup"]
-            if f"lean_{key}" in latency:  # the lean copy of the pruned model against the lean dense copy
-                row.update(_lean_fields(latency, key, row["ideal_speedup"], references))
-            if sliced is not None and row["scope"] == sliced_scope and b in kept_by_budget:
-                # A sliced layout serving through the lean copy is compared with the lean dense copy.
-                sliced_reference = latency["lean_dense"] if (sliced.lean is not None and lean) else dense_ms
-                row["sliced_latency_ms"] = latency[f"sliced_{b}"]
-                row["sliced_speedup"] = sliced_reference / latency[f"sliced_{b}"]
-            rows.append(row)
-        entry = {"input": label, "batch_size": batch, "seq_len": seq, "threads": cfg.threads, "plain_latency_ms": dense_ms,
-                 "gated_b1_latency_ms": latency["gated_b1"], "overhead": latency["gated_b1"] / dense_ms - 1.0}
-        for name in references:
-            entry[f"{name}_latency_ms"] = latency[name]
-        if lean:
-            entry["lean_dense_latency_ms"] = latency["lean_dense"]
-        overhead.append(entry)
-    return rows, overhead
-
-
-def _lean_fields(latency: dict[str, float], key: str, ideal: float, references) -> dict[str, float]:
-    """Row fields of a pruned model's lean copy: its latency, its speedup over the lean dense copy
-    (and that over the FLOP-ideal), and its speedup over each library reference."""
-    lean_ms = latency[f"lean_{key}"]
-    speedup = latency["lean_dense"] / lean_ms
-    fields = {"lean_dense_latency_ms": latency["lean_dense"], "lean_latency_ms": lean_ms, "lean_speedup": speedup, "lean_efficiency": speedup / ideal}
-    for name in references:
-        fields[f"lean_{name}_speedup"] = latency[name] / lean_ms
-    return fields
+            rows.append(with_aliases(row))
+    return rows
 
 
 def bench_against_reference(
     model: GatedModel,
-    candidates: dict[str, torch.nn.Module],
+    candidates: dict[str, GatedModel],
     cfg: BenchConfig,
     *,
     lengths: list[int] | None = None,
@@ -345,27 +316,28 @@ def bench_against_reference(
     low_id: int | None = None,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
-    """Time other models (e.g. separately trained smaller encoders) against ``model``'s plain dense
-    reference, interleaved in the same rounds and on the same inputs as :func:`bench_models`.
+    """Time other models (e.g. separately trained smaller encoders) against ``model``, each
+    through its lean executor, interleaved in the same rounds and on the same inputs as
+    :func:`bench_models`.
 
     Returns one row per (candidate, input setting): ``name, input, batch_size, seq_len, threads,
     dense_latency_ms, latency_ms, speedup``.
     """
-    model = model.eval()
     vocab = vocab_size or _vocab_size(model)
-    plain = model.plain_reference().eval()
+    dense = model.eval().inference_module()
+    lean = {name: candidate.eval().inference_module() for name, candidate in candidates.items()}
     rows = []
     for label, batch, seq, batches in tqdm(_input_settings(model, cfg, vocab, lengths, pad_id, low_id), desc="bench", disable=not progress, leave=False):
-        functions: dict[str, Callable[[], None]] = {"plain": _runner(plain, batches)}
-        for name, candidate in candidates.items():
-            functions[name] = _runner(candidate.eval(), batches)
+        functions: dict[str, Callable[[], None]] = {"dense": _runner(dense, batches)}
+        for name, executor in lean.items():
+            functions[name] = _runner(executor, batches)
         latency = {k: v / len(batches) for k, v in measure_interleaved(
             functions, threads=cfg.threads, rounds=cfg.rounds, min_run_time=cfg.min_run_time
         ).items()}
         for name in candidates:
             rows.append({
                 "name": name, "input": label, "batch_size": batch, "seq_len": seq, "threads": cfg.threads,
-                "dense_latency_ms": latency["plain"], "latency_ms": latency[name], "speedup": latency["plain"] / latency[name],
+                "dense_latency_ms": latency["dense"], "latency_ms": latency[name], "speedup": latency["dense"] / latency[name],
             })
     return rows
 

@@ -17,7 +17,6 @@ layer's :class:`~budgeted_attention.model.gates.LayerSelection` is an argument o
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 from pathlib import Path
 
@@ -34,16 +33,18 @@ from budgeted_attention.hf.architectures import (
     ffn_output_dense,
     intermediate,
     load_pretrained_classifier,
+    model_type,
     self_attention,
     set_intermediate,
     set_self_attention,
     unmodified_reference,
 )
+from budgeted_attention.hf.compact import CompactBert
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.gates import LayerSelection, UnitGates
 from budgeted_attention.model.gathered import GatherCache
 from budgeted_attention.model.heads import attend_selection, interleave_qkv
-from budgeted_attention.model.lean import needs_mask
+from budgeted_attention.model.lean import needs_mask, unsupported_by_any
 
 
 def minilm_path() -> Path:
@@ -299,17 +300,19 @@ class GatedBertClassifier(GatedModel):
     def cost_model(self, seq_len: int):
         return bert_cost_model(self.hf.config, seq_len)
 
-    def plain_reference(self) -> nn.Module:
-        if self.is_pruned:
-            raise ValueError("the plain reference needs the unpruned model")
-        return _UngatedCopy(self)
+    def lean_unsupported(self, *, routed: bool = False) -> str | None:
+        config = self.hf.config
+        if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+            return "a decoder config (is_decoder / add_cross_attention): the executor attends bidirectionally"
+        if getattr(config, "position_embedding_type", "absolute") != "absolute":
+            return f"position_embedding_type {config.position_embedding_type!r} (only absolute positions)"
+        if model_type(self.hf) == "bert" and getattr(base_model(self.hf), "pooler", None) is None:
+            return "a BERT classifier without its pooler"
+        return unsupported_by_any(self, routed=routed)
 
-    def inference_module(self, *, routed: bool = False) -> nn.Module:
-        """:class:`~budgeted_attention.hf.compact.CompactBert` of the current layout where
-        supported (``bert`` model type, no router unless ``routed``), else ``self``."""
-        from budgeted_attention.hf.compact import CompactBert, compact_unsupported  # noqa: PLC0415
-
-        return self if compact_unsupported(self, routed=routed) is not None else CompactBert(self, routed=routed)
+    def inference_module(self, *, routed: bool = False) -> CompactBert:
+        """:class:`~budgeted_attention.hf.compact.CompactBert` of the current layout."""
+        return CompactBert(self, routed=routed)
 
     def library_references(self) -> dict[str, nn.Module]:
         if self.is_pruned:
@@ -329,18 +332,6 @@ class GatedBertClassifier(GatedModel):
             hf, head_ids=description.get("head_ids"),
             ffn_group_size=int(description.get("ffn_group_size", 0)), group_ids=description.get("group_ids"),
         )
-
-
-class _UngatedCopy(nn.Module):
-    """A copy of our BERT model on its dense path (no gates, no router): the like-for-like timing reference."""
-
-    def __init__(self, model: GatedBertClassifier) -> None:
-        super().__init__()
-        self.model = copy.deepcopy(model).eval()
-        self.model.router = None
-
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
-        return self.model(input_ids, attention_mask, token_type_ids)
 
 
 class _TransformersCall(nn.Module):

@@ -31,9 +31,12 @@ sorted layout serves every budget, as :class:`~budgeted_attention.pruning.switch
 does with it. The copy is a snapshot: :meth:`CompactBert.is_current` says whether the model has
 had surgery, or a parameter replaced, moved, converted or written in place since.
 
-Supported: transformers' ``bert`` model type used as an encoder (BERT, BERT-Mini/Tiny,
-all-MiniLM). Other families (RoBERTa's padding-offset positions, ELECTRA's embedding projection
-and head) and decoder configs keep running through the module tree: see :func:`compact_unsupported`.
+Runs every supported model type: BERT (absolute positions, the pooler's tanh of the first token,
+then the classifier), RoBERTa / XLM-R (positions counted from the padding id over real tokens,
+the head's ``dense``, tanh, ``out_proj`` on the first token) and ELECTRA (the embedding
+projection to the hidden width, the head's ``dense``, GELU, ``out_proj``). Refused by name
+(:meth:`~budgeted_attention.hf.bert.GatedBertClassifier.lean_unsupported`): decoder configs and
+relative position embeddings, which the module tree runs.
 """
 
 from __future__ import annotations
@@ -46,29 +49,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from budgeted_attention.hf.architectures import base_model, encoder_layers, model_type
-from budgeted_attention.model.lean import LeanCopy, LeanLayer, keep, needs_mask, untrackable
+from budgeted_attention.model.lean import LeanCopy, LeanLayer, keep, needs_mask
 
 if TYPE_CHECKING:
     from budgeted_attention.hf.bert import GatedBertClassifier
-
-
-def compact_unsupported(model: GatedBertClassifier, *, routed: bool = False) -> str | None:
-    """Why ``model`` has no :class:`CompactBert` copy (None when it can have one). ``routed``: a copy for
-    a model with a per-input router, which runs the head sets it is given (the router stays with
-    the model: :class:`~budgeted_attention.model.routed_inference.RoutedInference`)."""
-    kind = model_type(model.hf)
-    config = model.hf.config
-    if kind != "bert":
-        return f"model type {kind!r} (only 'bert' has a compact inference copy)"
-    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
-        return "a decoder config (is_decoder / add_cross_attention): the copy attends bidirectionally"
-    if getattr(config, "position_embedding_type", "absolute") != "absolute":
-        return f"position_embedding_type {config.position_embedding_type!r} (only 'absolute')"
-    if getattr(base_model(model.hf), "pooler", None) is None:
-        return "no pooler"
-    if model.router is not None and not routed:
-        return "a per-input router is attached (routing runs through the module tree)"
-    return untrackable(model)
 
 
 class _CompactLayer(LeanLayer):
@@ -78,7 +62,8 @@ class _CompactLayer(LeanLayer):
         super().__init__()
         n, hd = attention.num_heads, attention.head_dim
         # Stored heads / neurons, and the prefix of them that runs (instant switching: a view).
-        self.stored_heads, self.n_heads, self.head_dim, self.scaling = n, attention.active_heads, hd, attention.scaling
+        self.stored_heads, self.n_heads, self.head_dim = n, attention.active_heads, hd
+        self.attend_options = {"scale": attention.scaling}
         out = layer.attention.output
         with torch.no_grad():  # rows [q_h; k_h; v_h] per head h, the copy the module tree runs on
             qkv_weight, qkv_bias, _ = attention.weights(out.dense)
@@ -100,16 +85,16 @@ class _CompactLayer(LeanLayer):
         ``heads``: None (the active prefix) or the stored heads to run (a routed input's set)."""
         d = x.shape[1]
         # A sub-layer without heads (neurons) adds its output bias only.
-        y = self.attend(x, batch, seq, mask, self.scaling, heads) if self.running_heads(heads) else self.out_bias
+        y = self.attend(x, batch, seq, mask, heads) if self.running_heads(heads) else self.out_bias
         x = F.layer_norm(y + x, (d,), self.ln_attn_weight, self.ln_attn_bias, self.ln_attn_eps)
         y = self.feed_forward(x, self.activation) if self.ffn_width else self.fc2_bias
         return F.layer_norm(y + x, (d,), self.ln_ffn_weight, self.ln_ffn_bias, self.ln_ffn_eps)
 
 
 class CompactBert(LeanCopy):
-    """The logits of a BERT classifier's current layout (pruned heads/neurons, active prefixes),
-    computed by one flat loop of kernels. Called like our models: ``(input_ids, attention_mask,
-    token_type_ids) -> (batch, n_classes)``.
+    """The logits of a BERT-family classifier's current layout (pruned heads/neurons, active
+    prefixes), computed by one flat loop of kernels. Called like our models: ``(input_ids,
+    attention_mask, token_type_ids) -> (batch, n_classes)``.
 
     Equal to ``model(ids, mask, token_type_ids)`` without gates up to float rounding. Inference
     only: no dropout, no gates, no routing.
@@ -117,9 +102,7 @@ class CompactBert(LeanCopy):
 
     def __init__(self, model: GatedBertClassifier, *, routed: bool = False) -> None:
         super().__init__()
-        reason = compact_unsupported(model, routed=routed)
-        if reason is not None:
-            raise ValueError(f"no compact inference copy for this model: {reason}")
+        self.refuse_unsupported(model, routed=routed)
         base = base_model(model.hf)
         embeddings = base.embeddings
         keep(self, "word_embeddings", embeddings.word_embeddings.weight.detach())
@@ -128,17 +111,38 @@ class CompactBert(LeanCopy):
         keep(self, "ln_embeddings_weight", embeddings.LayerNorm.weight.detach())
         keep(self, "ln_embeddings_bias", embeddings.LayerNorm.bias.detach())
         self.ln_embeddings_eps = embeddings.LayerNorm.eps
+        # RoBERTa / XLM-R count positions from the padding id over real tokens; BERT and ELECTRA from 0.
+        self.padding_idx = embeddings.padding_idx if model_type(model.hf) in ("roberta", "xlm-roberta") else None
+        project = getattr(base, "embeddings_project", None)  # ELECTRA: embedding width -> hidden width
+        self.has_projection = project is not None
+        if project is not None:
+            keep(self, "projection_weight", project.weight.detach())
+            keep(self, "projection_bias", project.bias.detach())
         self.layers = nn.ModuleList(
             _CompactLayer(layer, attention, layer.intermediate.intermediate_act_fn)
             for layer, attention in zip(encoder_layers(model.hf), model.attentions)
         )
-        keep(self, "pooler_weight", base.pooler.dense.weight.detach())
-        keep(self, "pooler_bias", base.pooler.dense.bias.detach())
-        keep(self, "classifier_weight", model.hf.classifier.weight.detach())
-        keep(self, "classifier_bias", model.hf.classifier.bias.detach())
-        self.max_len = int(self.position_embeddings.shape[0])
+        # The head on the first token: dense, activation, output layer (BERT: its pooler, then the classifier).
+        pooler = getattr(base, "pooler", None)
+        head = model.hf.classifier
+        dense, self.head_activation, out = (pooler.dense, pooler.activation, head) if pooler is not None else (
+            # RoBERTa's head applies tanh in its forward; ELECTRA's holds its activation (GELU).
+            head.dense, getattr(head, "activation", torch.tanh), head.out_proj
+        )
+        keep(self, "head_dense_weight", dense.weight.detach())
+        keep(self, "head_dense_bias", dense.bias.detach())
+        keep(self, "classifier_weight", out.weight.detach())
+        keep(self, "classifier_bias", out.bias.detach())
+        self.max_len = model.max_len
         self.track(model)
         self.eval()
+
+    def _positions(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Position embeddings, (seq, d) or per input (batch, seq, d) for RoBERTa-style ids."""
+        if self.padding_idx is None:
+            return self.position_embeddings[: input_ids.shape[1]]
+        real = input_ids.ne(self.padding_idx).int()
+        return F.embedding(torch.cumsum(real, dim=1).type_as(real) * real + self.padding_idx, self.position_embeddings)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None,
@@ -152,15 +156,19 @@ class CompactBert(LeanCopy):
         batch, seq = input_ids.shape
         if seq > self.max_len:
             raise ValueError(f"sequence length {seq} exceeds the model's max_len {self.max_len}")
-        d = self.word_embeddings.shape[1]
+        width = self.word_embeddings.shape[1]
         segments = self.token_type_embeddings[0] if token_type_ids is None else F.embedding(token_type_ids, self.token_type_embeddings)
-        x = F.embedding(input_ids, self.word_embeddings) + segments + self.position_embeddings[:seq]
-        x = F.layer_norm(x, (d,), self.ln_embeddings_weight, self.ln_embeddings_bias, self.ln_embeddings_eps).reshape(batch * seq, d)
+        x = F.embedding(input_ids, self.word_embeddings) + segments + self._positions(input_ids)
+        x = F.layer_norm(x, (width,), self.ln_embeddings_weight, self.ln_embeddings_bias, self.ln_embeddings_eps)
+        if self.has_projection:
+            x = F.linear(x, self.projection_weight, self.projection_bias)
+        d = x.shape[-1]
+        x = x.reshape(batch * seq, d)
         mask = None  # SDPA runs its unmasked kernel when nothing is padded, as transformers does
         if attention_mask is not None and needs_mask(attention_mask):
             mask = attention_mask.to(device=input_ids.device, dtype=torch.bool).reshape(batch, 1, 1, seq)
         for index, layer in enumerate(self.layers):
             x = layer(x, batch, seq, mask, None if head_sets is None else head_sets[index])
         first = x.view(batch, seq, d)[:, 0]
-        pooled = torch.tanh(F.linear(first, self.pooler_weight, self.pooler_bias))
+        pooled = self.head_activation(F.linear(first, self.head_dense_weight, self.head_dense_bias))
         return F.linear(pooled, self.classifier_weight, self.classifier_bias)

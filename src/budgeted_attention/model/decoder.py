@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from budgeted_attention.model.compact import CompactDecoder
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.gates import UnitGates
@@ -92,10 +93,9 @@ class CausalLM(BlockStack):
     def cost_model(self, seq_len: int) -> DecoderCostModel:
         return DecoderCostModel(self.config.unpruned(), seq_len)
 
-    def plain_reference(self) -> nn.Module:
-        from budgeted_attention.benchmark.reference import PlainDecoder  # noqa: PLC0415
-
-        return PlainDecoder(self)
+    def inference_module(self, *, routed: bool = False) -> CompactDecoder:
+        """:class:`~budgeted_attention.model.compact.CompactDecoder` of the current layout (softmax attention only)."""
+        return CompactDecoder(self, routed=routed)
 
     # ------------------------------------------------------------------ Meta-Attention
 

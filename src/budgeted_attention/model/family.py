@@ -38,7 +38,7 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
 
     Family subclasses set ``family`` and implement ``_run`` (the forward pass with per-layer
     gates), ``_physical_keep`` (remove heads), ``_set_active`` (prefix slicing), ``cost_model``,
-    ``plain_reference``, ``describe`` and ``from_description``.
+    ``lean_unsupported``, ``inference_module`` (the lean executor), ``describe`` and ``from_description``.
 
     Attributes:
         gates: :class:`BudgetGates` of shape (n_layers, n_heads), the full grid.
@@ -440,31 +440,38 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
         raise NotImplementedError
 
     @abstractmethod
-    def plain_reference(self) -> nn.Module:
-        """A dense model without gate code running the same kernels, same weights (unpruned only).
-
-        Called as ``reference(input_ids, attention_mask)``; logits equal ``self(ids, mask)`` at b = 1.
-        """
+    def lean_unsupported(self, *, routed: bool = False) -> str | None:
+        """What this model has that its family's lean executor does not run, as a noun phrase
+        (e.g. ``"meta-attention (...)"``); None when :meth:`inference_module` builds one.
+        ``routed``: as for :meth:`inference_module`. The runtimes serving through the executor
+        (:class:`~budgeted_attention.model.lean.LeanFollower`) ask this and run the module tree
+        where it names something."""
         raise NotImplementedError
 
+    @abstractmethod
     def inference_module(self, *, routed: bool = False) -> nn.Module:
-        """The fastest module this family has for the current layout without gates: a lean copy
-        (same weights and kernels, less framework code) where the family has one, else ``self``.
+        """The family's lean executor of the current layout (same weights and kernels, less
+        framework code): the second of the family's two forward paths, the module tree being the
+        first (training, soft gates).
 
-        ``routed``: a copy of a model with a per-input router, made although the router is
+        ``routed``: an executor of a model with a per-input router, made although the router is
         attached; it runs the per-layer head sets it is given (``copy(ids, mask, head_sets=...)``,
         stored positions) and leaves deciding them to the router
         (:class:`~budgeted_attention.model.routed_inference.RoutedInference` does both).
 
-        Called as ``module(input_ids, attention_mask)``; logits equal ``self(ids, mask)`` up to
-        float rounding. Inference only: it neither gates nor routes, and it is a snapshot (later
-        surgery or ``set_active`` on ``self`` does not reach it). A lean copy (not ``self``) has
-        its own ``set_active(head_counts, ffn_widths)`` (FFN widths in neurons; None: unchanged)
-        and ``is_current(model)`` (False once the model had surgery, or a parameter replaced,
-        moved, converted or written in place), with which
+        Called as ``module(input_ids, attention_mask, token_type_ids)``; logits equal ``self(ids,
+        mask)`` up to float rounding. Inference only: it neither gates nor routes, and it is a
+        snapshot (later surgery or ``set_active`` on ``self`` does not reach it). It has its own
+        ``set_active(head_counts, ffn_widths)`` (FFN widths in neurons; None: unchanged) and
+        ``is_current(model)`` (False once the model had surgery, or a parameter replaced, moved,
+        converted or written in place), with which
         :class:`~budgeted_attention.pruning.switching.SlicedModel` keeps it in step.
+
+        Raises:
+            BAAError: "the <family> family's lean executor does not run <feature>", the feature
+                :meth:`lean_unsupported` names.
         """
-        return self
+        raise NotImplementedError
 
     def library_references(self) -> dict[str, nn.Module]:
         """Other timing references, e.g. the unmodified transformers model (name -> callable module)."""

@@ -1,11 +1,13 @@
-"""What every family's lean inference copy shares (see :meth:`GatedModel.inference_module`).
+"""What every family's lean executor shares (see :meth:`GatedModel.inference_module`).
 
-A lean copy runs a model's current layout as one flat loop of kernels, without the module tree,
-gate code or per-call checks of the model it was made from; a family's copy (our encoder's
-:class:`~budgeted_attention.model.compact.CompactEncoder`, the BERT family's
+Each family has two forward paths: its module tree (training, soft gates) and one lean executor
+(inference: hard selections, slices, routed head sets), which runs the model's current layout as
+one flat loop of kernels, without the module tree, gate code or per-call checks. A family's
+executor (:class:`~budgeted_attention.model.compact.CompactEncoder` and
+:class:`~budgeted_attention.model.compact.CompactDecoder` of our block stacks, the BERT family's
 :class:`~budgeted_attention.hf.compact.CompactBert`) lays out its layers and writes the loop.
 This base holds the rest: weights as unsaved buffers, prefix switching of heads and FFN neurons,
-and knowing when the copy is out of date.
+refusing what the executor does not run, and knowing when the copy is out of date.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from budgeted_attention.errors import BAAError
 from budgeted_attention.model.gathered import GatherCache
 from budgeted_attention.model.heads import attend
 
@@ -29,7 +32,9 @@ class LeanLayer(nn.Module):
     """One layer of a lean copy: ``stored_heads`` / ``stored_width`` present, the first ``n_heads``
     heads and ``ffn_width`` FFN neurons run (prefix views of the stored weights). Attention
     weights: ``qkv_weight`` (rows of head h are ``[q_h; k_h; v_h]``), ``qkv_bias``,
-    ``out_weight_t`` (transposed), ``out_bias``, stored by the family's layer."""
+    ``out_weight_t`` (transposed), ``out_bias``, stored by the family's layer; ``attend_options``:
+    the keyword options of :func:`~budgeted_attention.model.heads.attend` the family's attention
+    runs with (causal, QK-norm, score scale)."""
 
     stored_heads: int
     n_heads: int
@@ -40,6 +45,7 @@ class LeanLayer(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self._gathered = GatherCache()  # per-input head sets' weights (a routed model's copy)
+        self.attend_options: dict = {}
 
     def keep_ffn(self, fc1: nn.Linear, fc2: nn.Linear, norm: nn.LayerNorm, active_width: int) -> None:
         """Store an FFN (``fc2``'s weight transposed, a copy: a prefix of neurons is then a
@@ -57,17 +63,14 @@ class LeanLayer(nn.Module):
         """How many heads a call runs: ``len(heads)`` for a head set, else the active prefix."""
         return self.n_heads if heads is None else len(heads)
 
-    def attend(
-        self, h: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None, scale: float | None = None,
-        heads: tuple[int, ...] | None = None,
-    ) -> torch.Tensor:
+    def attend(self, h: torch.Tensor, batch: int, seq: int, mask: torch.Tensor | None, heads: tuple[int, ...] | None = None) -> torch.Tensor:
         """Self-attention of the running heads (at least one) over (batch * seq, d) states through
         :func:`~budgeted_attention.model.heads.attend`; (batch * seq, d). ``heads``: None runs the
         active prefix; a head set (ascending stored positions, a per-input router's choice for one
         input) runs those heads only."""
         weights = self.qkv_weight, self.qkv_bias, self.out_weight_t
         running = range(self.n_heads) if heads is None else heads
-        return attend(h, batch, seq, weights, self.out_bias, self.head_dim, running, mask=mask, scale=scale, cache=self._gathered)
+        return attend(h, batch, seq, weights, self.out_bias, self.head_dim, running, mask=mask, cache=self._gathered, **self.attend_options)
 
     def feed_forward(self, h: torch.Tensor, activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """The running FFN neurons (ffn_width > 0) over (batch * seq, d) states, second bias
@@ -92,6 +95,15 @@ class LeanCopy(nn.Module):
     the model they were made from (:meth:`track`)."""
 
     layers: nn.ModuleList
+
+    @staticmethod
+    def refuse_unsupported(model: nn.Module, *, routed: bool = False) -> None:
+        """Raise :class:`~budgeted_attention.errors.BAAError` naming the family and the feature
+        when ``model`` has something its family's lean executor does not run
+        (:meth:`GatedModel.lean_unsupported`)."""
+        feature = model.lean_unsupported(routed=routed)
+        if feature is not None:
+            raise BAAError(f"the {model.family} family's lean executor does not run {feature}")
 
     def track(self, model: nn.Module) -> None:
         """Remember what :meth:`is_current` compares: ``model``'s surgery count and, for each of
@@ -155,11 +167,15 @@ class LeanFollower:
         self._counts = self._active_counts()
 
     def _build(self) -> nn.Module | None:
+        """The model's lean executor; None where the model has something the executor does not
+        run (:meth:`GatedModel.lean_unsupported`, kept in :attr:`unsupported`): the module tree serves."""
+        self.unsupported = self.model.lean_unsupported(routed=self.routed)
+        if self.unsupported is not None:
+            return None
         # Outside inference mode, so the copy's own tensors (CompactBert's fused Q/K/V) have
         # versions and their gathered head sets can be cached, wherever the rebuild happens.
         with torch.inference_mode(False):
-            copy = self.model.inference_module(routed=self.routed)
-        return None if copy is self.model else copy.eval()
+            return self.model.inference_module(routed=self.routed).eval()
 
     def _active_counts(self) -> tuple[list[int], list[int] | None]:
         """(heads per layer, FFN neurons per layer or None) the model runs now."""
@@ -182,11 +198,15 @@ class LeanFollower:
         return self.copy
 
 
-def untrackable(model: nn.Module) -> str | None:
-    """Why a lean copy of ``model`` could not know when it is out of date (None when it can):
-    inference tensors (a model built under ``torch.inference_mode()``) have no version counter."""
+def unsupported_by_any(model: nn.Module, *, routed: bool = False) -> str | None:
+    """What no family's lean executor runs, as the phrase :meth:`GatedModel.lean_unsupported`
+    returns (None: nothing): a per-input router's decision unless ``routed`` (the executor then
+    runs the head sets it is given), and parameters that are inference tensors (made under
+    ``torch.inference_mode()``: no version counter, so the copy could not know it is out of date)."""
+    if model.router is not None and not routed:
+        return "a per-input router's decision (RoutedInference runs it: the router decides, the executor computes)"
     if any(p.is_inference() for p in model.parameters()):
-        return "its parameters are inference tensors (made under torch.inference_mode), which have no version to track"
+        return "parameters that are inference tensors (made under torch.inference_mode: no version to track)"
     return None
 
 

@@ -103,7 +103,7 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "decoder", "budgeted_attention.model.decoder:CausalLM", "budgeted_attention.pipeline.builders:DecoderBuilder",
-            Capabilities(classify=False, lm=True, routing=False, lean=False, onnx=False, ffn_units=True, depth=True, pretrained=False),
+            Capabilities(classify=False, lm=True, routing=False, lean=True, onnx=False, ffn_units=True, depth=True, pretrained=False),
         ),
     )
 }

@@ -13,10 +13,12 @@ from torch import nn
 
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.attention import GatedSelfAttention
+from budgeted_attention.model.compact import CompactEncoder, pool_states
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.gates import DENSE, LayerSelection, UnitGates
+from budgeted_attention.model.lean import unsupported_by_any
 
 
 def sinusoidal_positions(max_len: int, d_model: int, amplitude: float = 0.5) -> torch.Tensor:
@@ -31,16 +33,6 @@ def sinusoidal_positions(max_len: int, d_model: int, amplitude: float = 0.5) -> 
     table[:, 0::2] = torch.sin(positions * frequencies)
     table[:, 1::2] = torch.cos(positions * frequencies)[:, : d_model // 2]
     return amplitude * table
-
-
-def pool_states(x: torch.Tensor, attention_mask: torch.Tensor | None, pooling: str) -> torch.Tensor:
-    """(batch, seq, d) -> (batch, d): the first position (``cls``), or the mean over real tokens."""
-    if pooling == "cls":
-        return x[:, 0]
-    if attention_mask is None:
-        return x.mean(dim=1)
-    weights = attention_mask.to(x.dtype).unsqueeze(-1)
-    return (x * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
 
 
 class FeedForward(nn.Module):
@@ -249,6 +241,11 @@ class BlockStack(GatedModel):
     def from_description(cls, description: dict) -> BlockStack:
         return cls(cls.config_class.from_json_dict(description["model_config"]))
 
+    def lean_unsupported(self, *, routed: bool = False) -> str | None:
+        if self.config.attention == "meta":
+            return "meta-attention (model.attention: meta; its module tree runs it)"
+        return unsupported_by_any(self, routed=routed)
+
 
 class EncoderClassifier(BlockStack):
     """Token + learned position embeddings -> pre-LN blocks -> final LN -> pooling -> linear.
@@ -312,14 +309,6 @@ class EncoderClassifier(BlockStack):
 
     # ------------------------------------------------------------------ family hooks
 
-    def plain_reference(self) -> nn.Module:
-        from budgeted_attention.benchmark.reference import PlainEncoder  # noqa: PLC0415
-
-        return PlainEncoder(self)
-
-    def inference_module(self, *, routed: bool = False) -> nn.Module:
-        """:class:`~budgeted_attention.model.compact.CompactEncoder` of the current layout where
-        supported (no router unless ``routed``, no QK-norm or residual gains), else ``self``."""
-        from budgeted_attention.model.compact import CompactEncoder, compact_unsupported  # noqa: PLC0415
-
-        return self if compact_unsupported(self, routed=routed) is not None else CompactEncoder(self, routed=routed)
+    def inference_module(self, *, routed: bool = False) -> CompactEncoder:
+        """:class:`~budgeted_attention.model.compact.CompactEncoder` of the current layout."""
+        return CompactEncoder(self, routed=routed)

@@ -25,14 +25,6 @@ _TIMED: list[Column] = [
     ("speedup", "speedup", ".2f", "x", True),
     ("FLOP-ideal", "ideal_speedup", ".2f", "x", True),
     ("speedup / ideal", "efficiency", ".2f", "", True),
-    ("sliced speedup", "sliced_speedup", ".2f", "x", False),
-]
-# The family's lean inference copy (CompactEncoder, CompactBert): pruned copy against the dense copy.
-_LEAN: list[Column] = [
-    ("lean dense ms", "lean_dense_latency_ms", ".3f", "", False),
-    ("lean pruned ms", "lean_latency_ms", ".3f", "", False),
-    ("lean speedup", "lean_speedup", ".2f", "x", False),
-    ("lean / ideal", "lean_efficiency", ".2f", "", False),
 ]
 # ONNX Runtime (baa bench --onnx): the pruned graph against the dense graph, same runtime.
 _ONNX: list[Column] = [
@@ -51,31 +43,32 @@ def num(row: dict[str, Any], key: str, fmt: str, suffix: str = "") -> str:
     return f"{value:{fmt}}{suffix}"
 
 
-def _references(setting: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
-    """Library references the rows were timed against (``vs <name>`` columns), in the setting's
-    order; older records name none, so names are also read from the row keys."""
-    names = [str(n) for n in setting.get("library_references", []) if isinstance(n, str)]
-    for name in ("plain", "transformers"):
-        if name not in names and any(f"{name}_speedup" in row for row in rows):
-            names.append(name)
-    return names
+def _library(setting: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[str | None, list[dict[str, Any]]]:
+    """(name of the library model the rows were timed against, rows with ``library_speedup``).
+    Records of earlier releases name it in ``library_references`` and keep its speedup as
+    ``<name>_speedup`` (there, the module tree's over it)."""
+    name = setting.get("library")
+    if not isinstance(name, str):
+        legacy = [n for n in setting.get("library_references", []) if isinstance(n, str)]
+        name = legacy[0] if legacy else ("transformers" if any("transformers_speedup" in r for r in rows) else None)
+    if name is None:
+        return None, rows
+    return name, [r if "library_speedup" in r or f"{name}_speedup" not in r else {**r, "library_speedup": r[f"{name}_speedup"]} for r in rows]
 
 
-def _columns(setting: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[list[Column], list[Column]]:
-    """(leading, trailing) columns: trailing are the timings, references, lean and ORT columns."""
-    references = _references(setting, rows)
-    trailing = _TIMED[:5] + [(f"vs {name}", f"{name}_speedup", ".2f", "x", False) for name in references] + _TIMED[5:]
-    trailing += _LEAN + [(f"lean vs {name}", f"lean_{name}_speedup", ".2f", "x", False) for name in references] + _ONNX
+def _columns(library: str | None, rows: list[dict[str, Any]]) -> tuple[list[Column], list[Column]]:
+    """(leading, trailing) columns: trailing are the timings, the library model's and the ORT columns."""
+    trailing = _TIMED + ([(f"vs {library}", "library_speedup", ".2f", "x", False)] if library else []) + _ONNX
     shown = lambda column: column[4] or any(column[1] in r for r in rows)  # noqa: E731
     return [c for c in _LEADING if shown(c)], [c for c in trailing if shown(c)]
 
 
 def bench_table(result: dict[str, Any]) -> str:
-    """Markdown tables of a benchmark result: one row per (budget, scope, input, batch, seq), then
-    the gate overhead, the switch time and notes on the runtimes."""
-    rows = [r for r in result.get("rows", []) if isinstance(r, dict)]
+    """Markdown table of a benchmark result: one row per (budget, scope, input, batch, seq), then
+    the switch time and notes on the runtimes."""
     setting = result.get("setting") if isinstance(result.get("setting"), dict) else {}
-    leading, trailing = _columns(setting, rows)
+    library, rows = _library(setting, [r for r in result.get("rows", []) if isinstance(r, dict)])
+    leading, trailing = _columns(library, rows)
     lines = []
     if setting.get("dense_reference"):
         lines += [f"Dense reference: {setting['dense_reference']}.", ""]
@@ -101,39 +94,19 @@ def bench_table(result: dict[str, Any]) -> str:
             fraction = {"f": 100 * r["flops_fraction"]} if isinstance(r.get("flops_fraction"), (int, float)) else {}
             extra.append(num(fraction, "f", ".0f", "%"))
         lines.append("| " + " | ".join(head + cells[1:] + [heads] + extra + [num(r, c[1], c[2], c[3]) for c in trailing]) + " |")
-    lines += _overhead_lines(result, lengths)
-    lines += _notes(result, setting, rows)
+    lines += _notes(result, setting, rows, library)
     return "\n".join(lines) + "\n"
 
 
-def _overhead_lines(result: dict[str, Any], lengths: bool) -> list[str]:
-    """The gate code's cost at b = 1 (gated model against the plain reference)."""
-    overhead = [o for o in result.get("gate_overhead", []) if isinstance(o, dict)]
-    if not overhead:
-        return []
-    header = (["input"] if lengths else []) + ["batch", "seq", "plain dense ms", "gated model at b=1 ms", "overhead"]
-    lines = ["", "| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-    for o in overhead:
-        over = num({"o": 100 * o["overhead"]} if isinstance(o.get("overhead"), (int, float)) else {}, "o", "+.1f", "%")
-        cells = ([str(o.get("input", "random"))] if lengths else []) + [
-            num(o, "batch_size", "d"), num(o, "seq_len", "d"), num(o, "plain_latency_ms", ".3f"), num(o, "gated_b1_latency_ms", ".3f"), over,
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
-
-
-def _notes(result: dict[str, Any], setting: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
-    """Switch time, layouts, runtimes and timing method, a paragraph each."""
+def _notes(result: dict[str, Any], setting: dict[str, Any], rows: list[dict[str, Any]], library: str | None) -> list[str]:
+    """Switch time, speedups, runtimes and timing method, a paragraph each."""
     lines: list[str] = []
     switch = result.get("switch")
     if isinstance(switch, dict) and isinstance(switch.get("switch_ms"), (int, float)):
         lines += ["", f"Budget switch (sliced layout): {1000 * switch['switch_ms']:.1f} µs median."]
-        if setting.get("sliced"):
-            lines += ["", f"Sliced layout: runs the {setting['sliced']}."]
-    if setting.get("lean"):
-        lines += ["", f"Lean: {setting['lean']}; lean speedup = the lean dense copy's latency over the lean pruned copy's "
-                  "(like for like); lean vs a library reference = that reference's latency over the lean pruned copy's "
-                  "(the runtime's gain included)."]
+    if "library" in setting:  # records of this release: every model timed through its lean executor
+        versus = f"; vs {library} = the unmodified {library} model's latency over the pruned one's (the runtime's gain included)" if library else ""
+        lines += ["", f"Speedup = the dense reference's latency over the pruned model's, both through the family's lean executor (like for like){versus}."]
     if setting.get("onnx"):
         lines += ["", f"ORT: {setting['onnx']}; ORT speedup = the dense graph's latency over the pruned graph's."]
     if any(r.get("input") == "lengths" for r in rows):

@@ -110,11 +110,13 @@ class ResultRow:
         self.bench_batch_size = bench_row["batch_size"]
         self.bench_seq_len = bench_row["seq_len"]
         self.threads = bench_row["threads"]
+        library = bench_row.get("library")  # the library model's speedup goes under its name (transformers_speedup)
         self.reference_speedups = {
-            key[: -len("_speedup")]: value
+            (library if key == "library_speedup" else key[: -len("_speedup")]): value
             for key, value in bench_row.items()
-            # lean_* and sliced_* figures have their own dense reference, not this row's.
-            if key.endswith("_speedup") and key != "ideal_speedup" and not key.startswith(("lean_", "sliced_")) and value is not None
+            if key.endswith("_speedup") and key != "ideal_speedup" and value is not None
+            # lean_* and sliced_* figures of earlier releases had another dense reference; <library>_speedup is an alias.
+            and not key.startswith(("lean_", "sliced_")) and not (library and key == f"{library}_speedup")
         }
 
     def to_dict(self) -> dict[str, Any]:

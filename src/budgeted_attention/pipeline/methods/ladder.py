@@ -81,7 +81,7 @@ class Ladder(Method):
         return {"rows": [row], "shape": entry, "loss_curve": log.loss_curve(), "steps_run": log.steps_run, "val_history": log.val_history}
 
     def bench(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
-        """Ladder model ``index`` timed against the full dense model's plain reference: a unit of its
+        """Ladder model ``index`` timed against the full dense model, both lean executors: a unit of its
         own, so the timing can be redone on a quiet machine (delete its record) without retraining."""
         trained = UnitId("ladder", unit.seed, index=unit.index)
         old = saved_or_timed(ctx, trained)

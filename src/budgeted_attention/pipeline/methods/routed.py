@@ -88,11 +88,11 @@ class Routed(Method):
         return {**profile, "cost": summary.cost}
 
     def bench(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
-        """The routed models timed on validation inputs against the plain dense reference, at
+        """The routed models timed on validation inputs against the dense model's lean executor, at
         every benchmark batch size (validation: timing inputs are not a choice, and the test split
         stays sealed); budgets below 1."""
         dense, _ = ctx.load(dense_unit(unit.seed))
-        reference = dense.plain_reference()
+        reference = dense.eval().inference_module()
         rows = []
         for method, mode in ROUTED_METHODS.items():
             if method not in ctx.cfg.methods:
