@@ -19,7 +19,7 @@ class BenchConfig:
         threads: torch intra-op threads while timing.
         rounds: interleaved timing rounds (median of round medians).
         min_run_time: seconds per ``blocked_autorange`` call.
-        include_sliced: also time the sliced layout (instant switching) at each budget.
+        include_sliced: also time the budget switch of the sliced layout (instant switching).
         lengths: also time padded batches whose lengths are sampled from the training split's
             real token counts (the latency a user of the data set sees).
         onnx: also export the dense model and every budget's pruned model to ONNX and time them

@@ -1,4 +1,4 @@
-"""``baa bench RUN_DIR``: latency of the dense references vs the pruned models of a run (any family)."""
+"""``baa bench RUN_DIR``: latency of a run's pruned models vs its dense model, all through the family's lean executor (any family)."""
 
 from __future__ import annotations
 
