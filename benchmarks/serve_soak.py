@@ -352,6 +352,7 @@ async def soak(port: int, server_pid: int, texts: list[str], seconds: float, goo
         "seconds": seconds, "good_rate": good_rate, "events": events,
         "by_kind": {kind: dict(counts) for kind, counts in by_kind.items()},
         "good_ok": good.get("200", 0), "good_total": sum(good.values()),
+        "good_unanswered": good.get("none", 0),  # a reset or a timeout: no answer at all (a 503 is an answer)
         "server_errors": sum(n for counts in by_kind.values() for s, n in counts.items() if s.isdigit() and int(s) >= 500 and s != "503"),
         "rss_series": rss_series, "rss_idle_mb": rss_series[0][1] if rss_series else None,
         "rss_peak_mb": max((m for _, m in rss_series), default=None), "rss_end_mb": rss_mib(server_pid),

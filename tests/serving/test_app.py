@@ -95,6 +95,7 @@ def test_deadline_and_policy_requests(client):
         ({"texts": ["a"], "budget": 0.5, "latency_ms": 10}, 422, "not both"),
         ({"texts": ["a"], "latency_ms": -1}, 422, "latency_ms"),
         ({"texts": ["a"] * 5}, 413, "serve.max_texts"),
+        ({"texts": [1] * 5}, 413, "texts: 5 texts, the limit is serve.max_texts = 4"),  # refused before each text is checked
         ({"texts": ["x" * 201]}, 413, "texts[0]"),
         ([1, 2], 422, "body"),
     ],
@@ -115,6 +116,24 @@ def test_metrics_count_requests_budgets_and_queue(client):
     assert 'baa_requests_total{status="200"}' in text and 'baa_requests_total{status="422"}' in text
     assert 'baa_texts_total{budget="0.25"}' in text
     assert "baa_queue_texts" in text and "baa_budget_in_use" in text and "baa_request_latency_seconds_bucket" in text
+
+
+def test_a_failing_heartbeat_check_does_not_stop_the_heartbeat(tiny_run):
+    app = create_app(tiny_run, ServeConfig(budgets=[1.0], min_budget=1.0, heartbeat_s=0.02, **FAST))
+    with TestClient(app) as client:
+        wait_ready(client)
+        calls = []
+
+        def check():
+            calls.append(1)
+            if len(calls) <= 2:
+                raise RuntimeError("a bug in one check")
+
+        app.state.baa.supervisor.check = check
+        deadline = time.monotonic() + 5
+        while len(calls) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(calls) >= 4
 
 
 def test_openapi_schema_lists_the_routes(client):

@@ -392,6 +392,8 @@ def test_info_tells_no_paths_or_process_ids(locked, tiny_run):
 def test_hide_paths_keeps_the_last_part():
     assert hide_paths("no tokenizer.json in '/srv/runs/x' (needs /a/b/c.json)") == "no tokenizer.json in 'x' (needs c.json)"
     assert hide_paths("ratio 1/2 and http://host/path") == "ratio 1/2 and http://host/path"
+    # a quoted path is taken whole: no tail of a folder name with spaces leaks
+    assert hide_paths("no tokenizer.json in '/srv/my secret runs/run 1' (needs \"/a b/c d.json\")") == "no tokenizer.json in 'run 1' (needs \"c d.json\")"
 
 
 def test_a_request_cancelled_by_the_shutdown_is_answered_503():

@@ -74,3 +74,20 @@ def test_min_accuracy_that_no_budget_meets_fails_before_start_up(tiny_run, capsy
     monkeypatch.setattr(engine, "validation_accuracy", lambda run_dir, seed: {0.25: 0.5, 0.5: 0.6, 1.0: 0.7})
     assert main(["serve", str(tiny_run), "--set", "min_accuracy=0.9"]) == 2
     assert "serve.min_accuracy (0.9) is met by no budget" in capsys.readouterr().err
+
+
+def test_check_port_binds_every_address_the_host_resolves_to(monkeypatch):
+    """'localhost' may resolve to ::1 first; uvicorn binds 127.0.0.1 as well, so a port busy there
+    must be found even when it is free on ::1."""
+    import socket
+
+    from budgeted_attention.serving.cli import check_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        answers = [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)), (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+        monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: answers)
+        with pytest.raises(ConfigError, match=f"--port {port}: localhost:{port} is already in use"):
+            check_port("localhost", port)

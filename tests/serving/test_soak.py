@@ -44,6 +44,7 @@ def test_the_soak_benchmark_survives_its_faults(tiny_run, tmp_path):
     assert all(p["rss_peak_delta_mb"] < 50 for p in result["probes"])
     soak = result["soak"]
     assert soak["server_errors"] == 0 and soak["restarts"] == 2 and soak["good_ok"] > 0
+    assert soak["good_unanswered"] == 0 and "none" not in soak["by_kind"]["good"]  # every good request got an answer
     assert [e["what"] for e in soak["events"]] == ["SIGKILL", "SIGSTOP (hang)"]
     assert all(e["recovered_s"] is not None for e in soak["events"])
     assert result["shutdown"]["exit_code"] == 0

@@ -39,7 +39,8 @@ def soak_markdown(soak: dict[str, Any]) -> list[str]:
     recovery = ", ".join(f"{e['what']}: first 200 again {_num(e.get('recovered_s'))} s after" for e in soak["events"])
     lines += [
         "",
-        f"Good requests answered 200: {soak['good_ok']:,} of {soak['good_total']:,} ({100 * soak['good_ok'] / max(1, soak['good_total']):.1f} %); "
+        f"Good requests answered 200: {soak['good_ok']:,} of {soak['good_total']:,} ({100 * soak['good_ok'] / max(1, soak['good_total']):.1f} %), "
+        f"not answered at all (reset or timed out): **{soak.get('good_unanswered', soak['by_kind'].get('good', {}).get('none', 0)):,}**; "
         f"server errors (5xx other than 503): **{soak['server_errors']}**; engine restarts (`baa_engine_restarts_total`): "
         f"**{soak['restarts']:g}**; client disconnects counted (`baa_client_disconnects_total`): {soak['disconnects']:g}. {recovery}.",
         "",

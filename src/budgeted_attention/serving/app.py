@@ -31,7 +31,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from budgeted_attention.rundir import RunDir
@@ -89,11 +89,17 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
-    """(status, one line) for pydantic's errors: 400 for unparsable JSON, else 422 naming the field."""
+def _validation_message(exc: RequestValidationError, cfg: ServeConfig) -> tuple[int, str]:
+    """(status, one line) for pydantic's errors: 400 for unparsable JSON, 413 for more than
+    ``max_texts`` texts, else 422 naming the field."""
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
         return 400, "malformed JSON body: " + str(errors[0].get("ctx", {}).get("error", errors[0].get("msg")))
+    for error in errors:
+        if error.get("type") == "too_long" and tuple(error.get("loc", ())) == ("body", "texts"):
+            count = error.get("ctx", {}).get("actual_length")
+            many = f"{count} texts" if count is not None else "too many texts"
+            return 413, f"texts: {many}, the limit is serve.max_texts = {cfg.max_texts}"
     parts = []
     for error in errors[:3]:
         location = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
@@ -105,11 +111,15 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s'\"/]+/)*([^\s'\"/]+)")
+# A quoted absolute path is taken whole, spaces and all: 'quoted' or "quoted".
+_QUOTED_PATH = re.compile(r"""(?P<q>['"])/(?:[^'"\n]*/)?(?P<last>[^'"/\n]*)(?P=q)""")
 
 
 def hide_paths(text: str) -> str:
     """``text`` with every absolute path cut to its last part (error bodies and ``/v1/info`` do not
-    tell a client where the server's files live unless ``serve.expose_paths``)."""
+    tell a client where the server's files live unless ``serve.expose_paths``). Quoted paths are
+    matched whole, so a folder name with spaces leaks no part of itself."""
+    text = _QUOTED_PATH.sub(lambda m: f"{m['q']}{m['last']}{m['q']}", text)
     return _ABSOLUTE_PATH.sub(r"\1", text)
 
 
@@ -272,7 +282,10 @@ def create_app(
         """The heartbeat: a dead or stopped engine process is found between batches too."""
         while True:
             await asyncio.sleep(cfg.heartbeat_s)
-            await asyncio.to_thread(state.supervisor.check)
+            try:
+                await asyncio.to_thread(state.supervisor.check)
+            except Exception:  # noqa: BLE001 - one failed check must not end the heartbeat for good
+                log.exception("baa serve: the engine heartbeat failed; it goes on")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -320,6 +333,13 @@ def create_app(
             await asyncio.to_thread(state.supervisor.close)
         worker_exited()  # with several workers: this one's queue gauge stops counting
 
+    # The request model with this server's max_texts: a longer list stops validating at the first
+    # text past the limit (413 below) instead of checking every text first.
+    request_model = create_model(
+        "ClassifyRequest", __base__=ClassifyRequest,
+        texts=(list[str], Field(min_length=1, max_length=cfg.max_texts, description=f"texts to classify (1 to serve.max_texts = {cfg.max_texts})")),
+    )
+
     app = FastAPI(
         title="budgeted_attention server",
         version="1",
@@ -336,7 +356,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        status, message = _validation_message(exc)
+        status, message = _validation_message(exc, cfg)
         state.metrics.request(status)
         return _error(status, message)
 
@@ -388,11 +408,6 @@ def create_app(
             "restarts": state.supervisor.restarts,
         }
 
-    @app.post(
-        "/v1/classify",
-        response_model=ClassifyResponse,
-        responses={s: {"model": ErrorResponse} for s in (400, 401, 408, 413, 422, 431, 503)},
-    )
     async def classify(body: ClassifyRequest, request: Request) -> Any:
         """Classify texts at ``budget``, within ``latency_ms``, or under the server's policy."""
         arrival = time.perf_counter()
@@ -438,6 +453,14 @@ def create_app(
             batch_size=result.batch_size,
         )
 
+    # This server's request model (with its max_texts); the annotations are strings here (from
+    # __future__ import annotations), and a local class cannot be found by name.
+    classify.__annotations__["body"] = request_model
+    app.post(
+        "/v1/classify",
+        response_model=ClassifyResponse,
+        responses={s: {"model": ErrorResponse} for s in (400, 401, 408, 413, 422, 431, 503)},
+    )(classify)
     return app
 
 

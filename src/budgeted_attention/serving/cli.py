@@ -38,21 +38,37 @@ def load_serve_config(path: str | None, overrides: list[str], backend: str | Non
 def check_port(host: str, port: int) -> None:
     """Fail at once (one line, exit 2) when ``host:port`` cannot be bound, before the model loads.
 
-    Binds the way uvicorn will (``SO_REUSEADDR``, so a port in TIME_WAIT is not refused) and
-    releases it; a server that takes the port in between still fails in uvicorn's own bind.
+    Binds every address ``host`` resolves to, as uvicorn's server does (``localhost`` may be both
+    ``127.0.0.1`` and ``::1``: checking only the first ``getaddrinfo`` answer could pass a port
+    that is busy on the other), with ``SO_REUSEADDR`` so a port in TIME_WAIT is not refused, and
+    releases them. A server that takes the port in between still fails in uvicorn's own bind.
     """
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise ConfigError(f"--host {host!r}: cannot resolve it ({exc.strerror})") from None
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
-            raise ConfigError(f"--port {port}: {host}:{port} {why}") from None
+    probes: list[socket.socket] = []
+    bound = 0
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            probe = socket.socket(family, kind, proto)
+            probes.append(probe)
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio's create_server
+            try:
+                probe.bind(address)
+                bound += 1
+            except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL and (bound or len(infos) > 1):
+                    continue  # a family this machine lacks (no IPv6): asyncio skips it too
+                why = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+                raise ConfigError(f"--port {port}: {host}:{port} {why}") from None
+        if not bound:
+            raise ConfigError(f"--port {port}: {host}:{port} cannot be bound (no address of {host!r} is available here)")
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def is_loopback(host: str) -> bool:
