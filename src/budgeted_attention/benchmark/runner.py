@@ -97,7 +97,7 @@ def _onnx_runners(
 ) -> dict[str, Callable[[list[tuple[torch.Tensor, torch.Tensor | None]]], Callable[[], None]]]:
     """ONNX Runtime sessions of the dense model (``onnx_dense``) and of the pruned models ``keys``
     (``onnx_<key>``), as factories of zero-argument runners over a list of batches."""
-    from budgeted_attention.export.onnx import export_model, make_session  # noqa: PLC0415
+    from budgeted_attention.export.onnx import export_model, make_session  # noqa: PLC0415 - onnx and onnxruntime are optional: only with --onnx
 
     graphs = {"onnx_dense": model}
     graphs.update({f"onnx_{key}": pruned[key][1] for key in keys})
@@ -251,7 +251,7 @@ def _compiler(cfg: BenchConfig) -> Callable[[torch.nn.Module], Callable[..., Any
     # Every pruned model shares one forward function, and each (model, input shape) is its own
     # graph; past dynamo's default limit of 8 per function the rest would silently run eager.
     # (``cache_size_limit`` is the name on every torch version we support; newer ones alias it.)
-    import torch._dynamo.config as dynamo_config
+    import torch._dynamo.config as dynamo_config  # noqa: PLC0415 - the compiler stack only with --compile
 
     dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 256)
     dynamo_config.accumulated_cache_size_limit = max(dynamo_config.accumulated_cache_size_limit, 4096)
@@ -357,7 +357,7 @@ def bench_ranking(model: GatedModel, ranking: Ranking, cfg: BenchConfig, **kwarg
 
 
 def _ort_version() -> str:
-    import onnxruntime  # noqa: PLC0415
+    import onnxruntime  # noqa: PLC0415 - optional: only with --onnx
 
     return onnxruntime.__version__
 

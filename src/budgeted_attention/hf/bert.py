@@ -40,6 +40,8 @@ from budgeted_attention.hf.architectures import (
     unmodified_reference,
 )
 from budgeted_attention.hf.compact import CompactBert
+from budgeted_attention.model.config import ModelConfig
+from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.gates import LayerSelection, UnitGates
 from budgeted_attention.model.gathered import GatherCache
@@ -363,9 +365,6 @@ def bert_max_len(cfg) -> int:
 
 def bert_cost_model(cfg, seq_len: int):
     """The FLOP cost model of :mod:`budgeted_attention.model.cost` for a transformers BERT config."""
-    from budgeted_attention.model.config import ModelConfig  # noqa: PLC0415
-    from budgeted_attention.model.cost import CostModel  # noqa: PLC0415
-
     shape = ModelConfig(
         vocab_size=cfg.vocab_size, n_classes=cfg.num_labels, max_len=cfg.max_position_embeddings,
         d_model=cfg.hidden_size, n_layers=cfg.num_hidden_layers, n_heads=cfg.num_attention_heads,

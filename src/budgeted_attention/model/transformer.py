@@ -19,6 +19,7 @@ from budgeted_attention.model.cost import CostModel
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.gates import DENSE, LayerSelection, UnitGates
 from budgeted_attention.model.lean import unsupported_by_any
+from budgeted_attention.model.meta_attention import MetaSelfAttention
 
 
 def sinusoidal_positions(max_len: int, d_model: int, amplitude: float = 0.5) -> torch.Tensor:
@@ -100,8 +101,6 @@ class EncoderBlock(nn.Module):
         super().__init__()
         self.ln_attn = nn.LayerNorm(cfg.d_model)
         if cfg.attention == "meta":
-            from budgeted_attention.model.meta_attention import MetaSelfAttention  # noqa: PLC0415
-
             self.attn = MetaSelfAttention(cfg.d_model, n_heads, cfg.head_dim, cfg.dropout, cfg.meta, cfg.max_len, qk_norm=qk_norm)
         else:
             self.attn = GatedSelfAttention(cfg.d_model, n_heads, cfg.head_dim, cfg.dropout, causal=causal, qk_norm=qk_norm)
