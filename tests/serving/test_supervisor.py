@@ -255,6 +255,44 @@ def test_after_the_shutdown_began_a_failed_engine_is_not_restarted():
     assert len(engines) == 1 and restarts == [] and supervisor.restarts == 0
 
 
+def test_giving_up_is_reported_once_and_not_during_a_shutdown(monkeypatch):
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    supervisor, engines, _ = make_supervisor(fail_starts=5, max_restarts=2)
+    reasons = []
+    supervisor._on_give_up = reasons.append
+    engines[0].dead = True
+    supervisor.ready_now()
+    wait_for(lambda: supervisor.state == FAILED)
+    assert len(reasons) == 1 and "could not be restarted" in reasons[0]
+    closing, _, _ = make_supervisor()
+    closing._on_give_up = reasons.append
+    closing.shut_down()
+    closing._give_up("model load abandoned: the server is shutting down")
+    assert len(reasons) == 1
+
+
+def test_a_worker_whose_model_cannot_load_exits_and_stops_the_server(tmp_path, monkeypatch):
+    """--workers N: a worker that gave up exits (its /healthz 503 would alternate with the other
+    workers' 200); one whose first load failed exits with uvicorn's start-up failure code (3),
+    which makes uvicorn stop the server, and tells the parent why."""
+    pytest.importorskip("fastapi", reason="the serve extra is not installed")
+    from fastapi.testclient import TestClient  # noqa: PLC0415
+
+    from budgeted_attention.serving import app as module  # noqa: PLC0415
+
+    signals, exits = [], []
+    monkeypatch.setattr(module.os, "kill", lambda pid, sig: signals.append((pid, sig)))
+    monkeypatch.setattr(module.os, "_exit", exits.append)
+    failed = tmp_path / "failed.txt"
+    monkeypatch.setenv(module.ENV_FAILED_FILE, str(failed))
+    app = module.create_app(tmp_path / "no-run", ServeConfig(budgets=[1.0], min_budget=1.0, engine_process=False, **FAST), exit_when_failed=True)
+    with TestClient(app) as client:
+        wait_for(lambda: bool(signals))
+        assert client.get("/healthz").status_code == 503
+    assert signals == [(os.getpid(), signal.SIGTERM)] and exits == [3]
+    assert "model failed to load" in failed.read_text()
+
+
 def test_a_model_in_this_process_is_not_supervised():
     class Local:
         in_child = False

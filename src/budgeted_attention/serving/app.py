@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import signal
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -46,6 +47,8 @@ from budgeted_attention.serving.supervisor import FAILED, LOADING, READY, Engine
 log = logging.getLogger("budgeted_attention.serve")
 ENV_SETTINGS = "BAA_SERVE_SETTINGS"  # JSON settings for worker processes (baa serve --workers N)
 ENV_API_KEY = "BAA_API_KEY"  # the API key (baa serve --api-key, or set by the operator)
+ENV_FAILED_FILE = "BAA_SERVE_FAILED_FILE"  # where a worker whose model cannot load writes why (--workers N)
+WORKER_START_FAILURE = 3  # uvicorn's exit code for a worker that failed to start: it stops the server
 
 
 class ClassifyRequest(BaseModel):
@@ -135,6 +138,7 @@ class ServerState:
         self.loaded = False  # the batcher runs (the first engine came up)
         self.started = time.monotonic()
         self.ready_seconds: float | None = None  # from app creation (imports before it not counted)
+        self.exit_code: int | None = None  # set when a worker gives up (exit_when_failed)
 
     @property
     def engine(self) -> Any:
@@ -246,12 +250,19 @@ def create_app(
     onnx_dir: str | Path | None = None,
     engine: Any = None,
     api_key: str | None = None,
+    exit_when_failed: bool = False,
 ) -> FastAPI:
     """The server for a run directory's budgeted-hard model (or a given ``engine``, for tests).
 
     The model loads in the background after start-up, so ``/healthz`` answers at once and
     ``/readyz`` turns 200 when the model is loaded, warmed and its latency calibrated. With
     ``api_key`` every route but the probes needs ``Authorization: Bearer <api_key>``.
+
+    ``exit_when_failed`` (a worker of ``--workers N``): once the engine cannot be brought back,
+    the worker exits instead of answering ``/healthz`` 503 beside workers that answer 200 (a
+    probe would see it flip): after failed restarts uvicorn starts a fresh worker in its place;
+    after a first load that failed the worker exits with uvicorn's start-up failure code (3), and
+    uvicorn stops the server (a fresh worker would fail the same way).
     """
     state = ServerState(cfg)
 
@@ -273,9 +284,18 @@ def create_app(
         if state.batcher is not None:  # a restarted engine's new timing
             state.batcher.latency = latency
 
+    def worker_gives_up(reason: str) -> None:
+        state.exit_code = 0 if state.loaded else WORKER_START_FAILURE
+        what = "exits; uvicorn starts a fresh worker" if state.loaded else "stops the server (the model cannot load)"
+        log.error("baa serve: worker %d %s: %s", os.getpid(), what, state.public(reason))
+        if not state.loaded and os.environ.get(ENV_FAILED_FILE):  # the parent exits 1 with this reason
+            Path(os.environ[ENV_FAILED_FILE]).write_text(reason, encoding="utf-8")
+        os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown of this worker
+
     state.supervisor = Supervisor(
         start_engine, lambda e: calibrate_engine(e, cfg, calibration_length(e, cfg)), cfg,
         on_restart=state.metrics.restarts.inc, on_latency=set_latency,
+        on_give_up=worker_gives_up if exit_when_failed else (lambda reason: None),
     )
 
     async def watch() -> None:
@@ -332,6 +352,10 @@ def create_app(
         if engine is None:  # our engine process exits after the last batch
             await asyncio.to_thread(state.supervisor.close)
         worker_exited()  # with several workers: this one's queue gauge stops counting
+        if state.exit_code:  # a worker whose model cannot load: uvicorn's code for "stop the server"
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os._exit(state.exit_code)
 
     # The request model with this server's max_texts: a longer list stops validating at the first
     # text past the limit (413 below) instead of checking every text first.
@@ -481,4 +505,4 @@ def app_from_env() -> FastAPI:
     settings = json.loads(os.environ[ENV_SETTINGS])
     cfg = from_dict(ServeConfig, settings["serve"], "serve")
     api_key = os.environ.get(ENV_API_KEY) or None  # the key travels in the environment, never in the settings
-    return create_app(settings["run_dir"], cfg, seed=settings.get("seed"), onnx_dir=settings.get("onnx_dir"), api_key=api_key)
+    return create_app(settings["run_dir"], cfg, seed=settings.get("seed"), onnx_dir=settings.get("onnx_dir"), api_key=api_key, exit_when_failed=True)

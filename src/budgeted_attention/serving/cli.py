@@ -145,7 +145,7 @@ def serve(args: argparse.Namespace) -> None:
         "timeout_keep_alive": cfg.keep_alive_s, "timeout_graceful_shutdown": cfg.shutdown_timeout_s,
         "limit_concurrency": cfg.max_connections,  # per worker; answered 503 by the guarded protocol
     }
-    from budgeted_attention.serving.app import ENV_API_KEY, ENV_SETTINGS, create_app  # noqa: PLC0415 - FastAPI
+    from budgeted_attention.serving.app import ENV_API_KEY, ENV_FAILED_FILE, ENV_SETTINGS, create_app  # noqa: PLC0415 - FastAPI
 
     if args.workers == 1:
         uvicorn.run(create_app(args.run_dir, cfg, seed=args.seed, onnx_dir=args.onnx_dir, api_key=api_key), **common)
@@ -160,4 +160,9 @@ def serve(args: argparse.Namespace) -> None:
         os.environ[ENV_SETTINGS] = json.dumps(
             {"run_dir": args.run_dir, "serve": asdict(cfg), "seed": args.seed, "onnx_dir": args.onnx_dir}
         )
+        failed = Path(metrics_dir) / "failed.txt"
+        os.environ[ENV_FAILED_FILE] = str(failed)
         uvicorn.run("budgeted_attention.serving.app:app_from_env", factory=True, workers=args.workers, **common)
+        if failed.is_file():  # a worker's model could not load: uvicorn stopped every worker
+            print(f"baa serve: error: a worker stopped the server: {failed.read_text(encoding='utf-8')}", file=sys.stderr)
+            sys.exit(1)

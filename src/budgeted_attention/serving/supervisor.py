@@ -52,6 +52,8 @@ class Supervisor:
         restartable: whether a failed engine can be replaced (a child process) or not.
         on_restart: called after each successful restart (the metrics counter).
         on_latency: called with each new latency model (the batcher's).
+        on_give_up: called with the reason once the engine cannot be brought back (state
+            ``failed``), not during a shutdown.
     """
 
     def __init__(
@@ -62,9 +64,10 @@ class Supervisor:
         *,
         on_restart: Callable[[], None] = lambda: None,
         on_latency: Callable[[LatencyModel], None] = lambda latency: None,
+        on_give_up: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self._start, self._calibrate, self.cfg = start, calibrate, cfg
-        self._on_restart, self._on_latency = on_restart, on_latency
+        self._on_restart, self._on_latency, self._on_give_up = on_restart, on_latency, on_give_up
         self.engine: Any = None
         self.latency: LatencyModel | None = None
         self.state = LOADING
@@ -201,7 +204,10 @@ class Supervisor:
     def _give_up(self, reason: str) -> None:
         with self._state_lock:
             self.state, self.reason = FAILED, reason
+            closed = self._closed
         log.error("baa serve: %s", reason)
+        if not closed:
+            self._on_give_up(reason)
 
     # ------------------------------------------------------------------ calls
 
