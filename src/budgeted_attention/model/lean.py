@@ -159,6 +159,10 @@ class LeanFollower:
     module: ``train()`` / ``to()`` on the runtime reach the model only, and the copy (always in
     eval mode) is rebuilt from it when they changed it. Not seen: edits through ``param.data``
     (their own version counter); build a new runtime after one.
+
+    ``unsupported``: what the model has that its family's executor does not run
+    (:meth:`GatedModel.lean_unsupported`; None while it has one): the runtime then serves
+    through the module tree, by the model's own account, never by a failed build.
     """
 
     def __init__(self, model: nn.Module, *, routed: bool = False) -> None:

@@ -45,7 +45,7 @@ class RoutedInference(nn.Module):
 
     @property
     def lean(self) -> nn.Module | None:
-        """The lean copy running one input's head sets (None: the module tree serves)."""
+        """The lean copy running one input's head sets (None: the module tree serves; ``model.lean_unsupported()`` says why)."""
         return self._lean.copy
 
     def current_lean(self) -> nn.Module | None:

@@ -74,7 +74,7 @@ class SlicedModel(nn.Module):
 
     @property
     def lean(self) -> nn.Module | None:
-        """The lean copy serving hard selections (None: the module tree serves)."""
+        """The lean copy serving hard selections (None: the module tree serves; ``model.lean_unsupported()`` says why)."""
         return None if self._lean is None else self._lean.copy
 
     def _current_lean(self) -> nn.Module | None:
