@@ -474,7 +474,8 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
         raise NotImplementedError
 
     def library_references(self) -> dict[str, nn.Module]:
-        """Other timing references, e.g. the unmodified transformers model (name -> callable module)."""
+        """The unmodified library model users run instead (name -> module called as ``(ids, mask, token_type_ids) -> logits``;
+        at most one: ``baa bench`` reports ``library_speedup`` against it), e.g. transformers; empty when the family has none."""
         return {}
 
     def auxiliary_loss(self) -> torch.Tensor | None:
