@@ -97,7 +97,7 @@ def write_outputs(ctx: RunContext, collected: Collected, seconds: float, partial
     notes = (
         f"Experiment '{cfg.name}' on data source {_source(ctx)}, {len(cfg.seeds)} seed(s), mean ± std. "
         f"{_metric_note(ctx)} Cost kinds: soft-estimate (C(b) of soft gates, no speed), "
-        f"kept-heads (physically pruned; with budget_scope 'all' the kept heads and FFN groups). Budget scope: '{cfg.budget_scope}'. Speedups: pruned models over the plain dense reference (same kernels, no gate code), "
+        f"kept-heads (physically pruned; with budget_scope 'all' the kept heads and FFN groups). Budget scope: '{cfg.budget_scope}'. Speedups: pruned models over the dense model at b = 1, both through the family's lean executor, "
         f"batch {setting.batch_sizes[0]}, sequence {ctx.bench_seq}, {setting.threads} thread(s); FLOP-ideal from the cost model.\n"
         f"Wall time of this invocation: {seconds:.0f} s.\n"
     )

@@ -78,7 +78,7 @@ def plot_speedups(bench_rows: list[dict[str, Any]], path: str | Path) -> None:
         ax.plot([r["budget"] for r in rows], [r["ideal_speedup"] for r in rows], "--", color=line[0].get_color(), label=f"FLOP-ideal, {name}")
     threads = sorted({r["threads"] for r in bench_rows})
     ax.set_xlabel("budget b")
-    ax.set_ylabel("speedup over plain dense model")
+    ax.set_ylabel("speedup over the dense model (lean executors)")
     ax.set_title(f"CPU speedup of pruned models ({threads} thread(s))")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
