@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from budgeted_attention.config import from_dict
 from budgeted_attention.rundir import RunDir
 from budgeted_attention.serving import http
 from budgeted_attention.serving.batcher import Batcher, DeadlineExpired, Overloaded
@@ -500,8 +501,6 @@ def _check_limits(body: ClassifyRequest, cfg: ServeConfig) -> tuple[int, str] | 
 
 def app_from_env() -> FastAPI:
     """App factory for uvicorn worker processes (``baa serve --workers N``): settings from the environment."""
-    from budgeted_attention.config import from_dict  # noqa: PLC0415
-
     settings = json.loads(os.environ[ENV_SETTINGS])
     cfg = from_dict(ServeConfig, settings["serve"], "serve")
     api_key = os.environ.get(ENV_API_KEY) or None  # the key travels in the environment, never in the settings

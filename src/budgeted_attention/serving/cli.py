@@ -113,7 +113,7 @@ def preflight(run_dir: str, cfg: ServeConfig, seed: int | None, onnx_dir: str | 
         raise CheckpointError(f"no {RunDir.tokenizer.name} in '{run.path}' (baa serve needs the run's tokenizer)")
     verify_artifacts(checkpoint, description, run.path)
     if cfg.min_accuracy > 0:
-        from budgeted_attention.serving.engine import floor_budget, validation_accuracy  # noqa: PLC0415
+        from budgeted_attention.serving.engine import floor_budget, validation_accuracy  # noqa: PLC0415 - torch and the data only with min_accuracy
 
         floor_budget(cfg, validation_accuracy(run.path, int(description.get("seed", seed or 0))))
     if cfg.backend == "onnxruntime":
@@ -126,7 +126,7 @@ def preflight(run_dir: str, cfg: ServeConfig, seed: int | None, onnx_dir: str | 
 
 def serve(args: argparse.Namespace) -> None:
     """Start uvicorn with the app of ``args.run_dir``; returns when the server has shut down."""
-    import uvicorn  # noqa: PLC0415
+    import uvicorn  # noqa: PLC0415 - the serve extra loads after the pre-start checks (their errors need none of it)
 
     cfg = load_serve_config(args.config, args.overrides, args.backend)
     api_key = api_key_from(args)

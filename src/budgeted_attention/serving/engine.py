@@ -63,9 +63,9 @@ def run_labels(run_dir: Path, n_classes: int) -> list[str]:
         except (OSError, json.JSONDecodeError, KeyError, TypeError):
             pass
     try:
-        from budgeted_attention.config import from_dict, load_yaml  # noqa: PLC0415
-        from budgeted_attention.data.sources import load_source  # noqa: PLC0415
-        from budgeted_attention.data.text import TextDataConfig  # noqa: PLC0415
+        from budgeted_attention.config import from_dict, load_yaml  # noqa: PLC0415 - the class names of a run without labels.json only
+        from budgeted_attention.data.sources import load_source  # noqa: PLC0415 - as above
+        from budgeted_attention.data.text import TextDataConfig  # noqa: PLC0415 - as above
 
         data = load_yaml(RunDir(run_dir).config).get("data", {})
         names = list(load_source(from_dict(TextDataConfig, data, "data")).class_names)
@@ -252,7 +252,7 @@ class Engine(EngineInfo):
         return model.hf.config.num_labels  # the BERT family
 
     def _load_onnx(self, onnx_dir: Path) -> None:
-        from budgeted_attention.export.onnx import graph_path, make_session  # noqa: PLC0415
+        from budgeted_attention.export.onnx import graph_path, make_session  # noqa: PLC0415 - the onnxruntime backend only
 
         missing = [b for b in self.cfg.budgets if not graph_path(onnx_dir, b).is_file()]
         if missing:

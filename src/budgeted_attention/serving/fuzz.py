@@ -22,7 +22,7 @@ def texts(max_size: int):
 
 def json_values():
     """Any JSON value (NaN and infinities included, which strict JSON forbids)."""
-    from hypothesis import strategies as st  # noqa: PLC0415
+    from hypothesis import strategies as st  # noqa: PLC0415 - hypothesis is a test dependency
 
     scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | texts(20)
     return st.recursive(
@@ -34,7 +34,7 @@ def request_bodies(schema: dict[str, Any] | None = None):
     """Bodies built from the request schema's properties (``texts``, ``budget``, ``latency_ms``
     unless ``schema`` names others), each present or absent, valid or of any other type, plus an
     unknown field, plus any JSON document."""
-    from hypothesis import strategies as st  # noqa: PLC0415
+    from hypothesis import strategies as st  # noqa: PLC0415 - hypothesis is a test dependency
 
     properties = list((schema or {}).get("properties", {})) or ["texts", "budget", "latency_ms"]
     anything = json_values()

@@ -111,8 +111,8 @@ IDLE, HEAD, BODY = "idle", "head", "body"  # where a connection's parser is
 def make_guarded_protocol() -> type:
     """uvicorn's httptools protocol with the request head and body bounded (see the module docstring)."""
     # Imported here: the class derives from uvicorn's, and only the server process needs uvicorn.
-    import httptools  # noqa: PLC0415
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415
+    import httptools  # noqa: PLC0415 - the class derives from uvicorn's: built on first use, in the server process only
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415 - as above
 
     class GuardedHttpProtocol(HttpToolsProtocol):
         limits: HeadLimits | None = None

@@ -26,7 +26,7 @@ from budgeted_attention.serving.config import snap_to
 
 
 def aiohttp_timeout(seconds: float):
-    import aiohttp  # noqa: PLC0415
+    import aiohttp  # noqa: PLC0415 - the load test's client (the serve extra), not needed by the server
 
     return aiohttp.ClientTimeout(total=seconds)
 

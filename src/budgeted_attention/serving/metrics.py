@@ -40,7 +40,7 @@ def _running(pid: int) -> bool:
 def forget_dead_workers(directory: str) -> list[int]:
     """Mark the workers whose live-gauge files remain in ``directory`` but whose process is gone
     as dead (their gauges then stop counting); returns their process ids."""
-    from prometheus_client import multiprocess  # noqa: PLC0415
+    from prometheus_client import multiprocess  # noqa: PLC0415 - multiprocess mode only with several workers
 
     dead = set()
     for path in Path(directory).glob("gauge_live*_*.db"):
@@ -59,7 +59,7 @@ def worker_exited() -> None:
     """Called by a worker at shutdown: its live gauges stop counting (multiprocess mode only)."""
     directory = multiprocess_dir()
     if directory:
-        from prometheus_client import multiprocess  # noqa: PLC0415
+        from prometheus_client import multiprocess  # noqa: PLC0415 - multiprocess mode only with several workers
 
         multiprocess.mark_process_dead(os.getpid(), directory)
 
@@ -116,7 +116,7 @@ class ServerMetrics:
         """(body, content type) of ``GET /metrics``: this process's metrics, or every worker's."""
         directory = multiprocess_dir()
         if directory:
-            from prometheus_client import multiprocess  # noqa: PLC0415
+            from prometheus_client import multiprocess  # noqa: PLC0415 - multiprocess mode only with several workers
 
             forget_dead_workers(directory)
             registry = CollectorRegistry()

@@ -44,9 +44,9 @@ def _child(conn, run_dir: str, settings: dict[str, Any], seed: int | None, onnx_
     # a service manager's SIGTERM reach the whole process group, and must not end this process early.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from budgeted_attention.config import from_dict  # noqa: PLC0415
-    from budgeted_attention.serving.process import freeze_garbage_collector, pin_process  # noqa: PLC0415
-    from budgeted_attention.serving.engine import Engine  # noqa: PLC0415
+    from budgeted_attention.config import from_dict  # noqa: PLC0415 - in the engine process: the server process never imports torch
+    from budgeted_attention.serving.process import freeze_garbage_collector, pin_process  # noqa: PLC0415 - as above
+    from budgeted_attention.serving.engine import Engine  # noqa: PLC0415 - as above
 
     try:
         if settings.get("engine_cpus"):  # before the model loads: thread pools started later inherit it
