@@ -189,7 +189,8 @@ def bench_models(
     library = next(iter(model.library_references().items()), None)  # (name, module): what users run instead
     if library is not None:
         library = library[0], library[1].eval().to(device)
-    sliced = SlicedModel(model, ranking).eval() if (ranking is not None and cfg.include_sliced) else None
+    # Only its budget switch is timed (set_active on the sorted layout), so no lean executor is built for it.
+    sliced = SlicedModel(model, ranking, lean=False).eval() if (ranking is not None and cfg.include_sliced) else None
     pruned: dict[str, tuple[float, GatedModel, bool]] = {}  # key -> (budget, model, FFN pruned)
     for b, units in list(kept_by_budget.items()) + list((extra_kept or {}).items()):
         pruned[_key(b, units.scope)] = (b, model.pruned_copy(units.heads, units.groups).to(device), units.scope == "all")
