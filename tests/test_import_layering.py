@@ -13,8 +13,8 @@ Floors, lowest first (a module may import its own floor and any floor below it):
     7 benchmark                                      timing
     8 reporting                                      tables, figures, documents
     9 pipeline                                       experiments: config, scheduler, methods
-    10 recipes                                       the CLI commands' jobs
-    11 serving                                       baa serve
+    10 serving                                       baa serve (never the recipes)
+    11 recipes                                       the jobs of baa demo, bench, bench-routing, merge
     12 api, cli, the package itself                  front doors
 """
 
@@ -36,8 +36,8 @@ FLOORS = {
     "benchmark": 7,
     "reporting": 8,
     "pipeline": 9,
-    "recipes": 10,
-    "serving": 11,
+    "serving": 10,
+    "recipes": 11,
     "api": 12, "cli": 12, "": 12,
 }
 
