@@ -23,7 +23,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from budgeted_attention.benchmark.allocator import keep_freed_memory
-from budgeted_attention.benchmark.runner import as_kept
 from budgeted_attention.checkpoint import load_model, load_ranking
 from budgeted_attention.data.inputs import random_ids
 from budgeted_attention.rundir import RunDir
@@ -67,7 +66,7 @@ def main() -> None:
 
     _, checkpoint = RunDir.locate(args.run_dir, args.seed, command="baa experiment")
     model, description = load_model(checkpoint)
-    kept = as_kept(load_ranking(checkpoint, description, model).kept(args.budget))
+    kept = load_ranking(checkpoint, description, model).kept(args.budget)
     pruned = model.pruned_copy(kept.heads, kept.groups).eval()
     dense_lean, pruned_lean = model.inference_module(), pruned.inference_module()
     vocab = model.input_embedding().num_embeddings

@@ -59,12 +59,6 @@ def speed_row(
     }
 
 
-def as_kept(kept: KeptUnits | list[list[int]]) -> KeptUnits:
-    """Former bench input (a bare per-layer head list: head pruning only), kept for one release
-    for benchmarks/op_profile.py; :func:`bench_models` takes :class:`KeptUnits`."""
-    return kept if isinstance(kept, KeptUnits) else KeptUnits([list(h) for h in kept], None)
-
-
 def _key(budget: float, scope: str) -> str:
     return f"{scope}_{budget}"
 
