@@ -157,3 +157,32 @@ def test_first_ordinary_id_is_not_special(family):
     _, model = family
     assert 0 <= model.pad_id < model.vocab_size == model.input_embedding().num_embeddings
     assert model.first_ordinary_id() > model.pad_id
+
+
+def test_per_input_selection_of_the_wrong_head_count_is_refused():
+    """A (batch, n) boolean selection must cover the layer's active heads, not fewer."""
+    from budgeted_attention.model.gates import LayerSelection
+    from budgeted_attention.model.heads import attend_selection
+
+    x = torch.randn(2, 5, 8)
+    weights = (torch.randn(4 * 3 * 2, 8), torch.zeros(4 * 3 * 2), torch.randn(4 * 2, 8))
+    with pytest.raises(ValueError, match=r"head selection must have shape \(2, 4\)"):
+        attend_selection(x, weights, torch.zeros(8), 2, 4, LayerSelection(chosen=torch.ones(2, 2, dtype=torch.bool)))
+
+
+def test_first_ordinary_id_skips_a_pad_id_above_the_special_ids():
+    from budgeted_attention.model.transformer import EncoderClassifier
+
+    model = EncoderClassifier(ModelConfig(vocab_size=31, n_classes=3, max_len=16, d_model=16, n_layers=1, n_heads=2, d_ff=16, pad_id=5))
+    assert model.first_ordinary_id() == 6
+
+
+def test_mask_of_an_ffn_ranking_keeps_the_ffn_groups(family):
+    """The former UnitRanking.mask gave heads and FFN groups; heads-only rankings give the head tensor."""
+    _, model = family
+    ranking = rank_units(model.unit_importance(), model.unit_costs(SEQ))
+    assert ranking.n_groups > 0
+    mask = ranking.mask(0.5)
+    assert mask.ffn is not None and torch.equal(mask.heads, ranking.masks(0.5).heads)
+    heads_only = ranking.heads_only()
+    assert isinstance(heads_only.mask(0.5), torch.Tensor)

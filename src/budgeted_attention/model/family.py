@@ -301,7 +301,8 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
         export, serving warm-up), so that none of them draws the pad or another special token;
         capped for tiny test vocabularies."""
         vocab = self.input_embedding().num_embeddings
-        return min(self.special_ids, max(0, vocab // 2))
+        low = min(self.special_ids, max(0, vocab // 2))
+        return min(max(low, self.pad_id + 1), vocab - 1)  # never the pad id, wherever it sits
 
     # ------------------------------------------------------------------ surgery and slicing
 

@@ -171,6 +171,8 @@ def attend_selection(
     ``options``: those of :func:`attend`."""
     batch, seq, _ = x.shape
     if selection.chosen is not None:
+        if selection.chosen.shape != (batch, active):
+            raise ValueError(f"head selection must have shape ({batch}, {active}), got {tuple(selection.chosen.shape)}")
         out = attend_chosen(x, batch, seq, weights, out_bias, hd, selection.chosen, mask=mask, **options)
     else:
         heads = range(active) if selection.heads is None else selection.heads

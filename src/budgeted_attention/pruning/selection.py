@@ -173,10 +173,12 @@ class Ranking:
         """Heads kept per layer for ``budget``."""
         return self.kept(budget).heads_per_layer
 
-    def mask(self, budget: float) -> torch.Tensor:
-        """Former heads-only call, kept for one release (benchmarks/gpu_check.py): the heads' 0/1
-        mask (n_layers, n_heads) of :meth:`masks`."""
-        return self.masks(budget).heads
+    def mask(self, budget: float) -> torch.Tensor | UnitGates:
+        """Former call, kept for one release (benchmarks/gpu_check.py): as the two former classes
+        returned, the heads' 0/1 mask (n_layers, n_heads) of a heads-only ranking, and the whole
+        :meth:`masks` (FFN groups too) of a ranking with FFN groups."""
+        masks = self.masks(budget)
+        return masks.heads if self.n_groups == 0 else masks
 
     def layer_orders(self) -> KeptUnits:
         """Per layer, every head (and group) in rank order (the sorted weight layout)."""

@@ -13,6 +13,7 @@ from budgeted_attention.benchmark.runner import bench_against_reference
 from budgeted_attention.checkpoint import save_model
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.family import GatedModel
+from budgeted_attention.model.registry import families_with
 from budgeted_attention.pipeline.context import RunContext
 from budgeted_attention.pipeline.methods.base import Method, bench_config, bench_kwargs, dense_unit, saved_or_timed
 from budgeted_attention.pipeline.outputs import Collected, attach_speed
@@ -39,7 +40,8 @@ class Ladder(Method):
 
     def check(self, cfg) -> None:
         if not cfg.ladder:
-            raise ConfigError("method 'ladder' needs model_family 'encoder' or 'decoder' and a non-empty 'ladder' list of model shapes")
+            families = " or ".join(f"'{name}'" for name in families_with("depth"))
+            raise ConfigError(f"method 'ladder' needs model_family {families} and a non-empty 'ladder' list of model shapes")
         for index, shape in enumerate(cfg.ladder):
             unknown = sorted(set(shape) - set(LADDER_KEYS))
             if unknown:
