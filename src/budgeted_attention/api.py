@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ class Budgeted:
 
     model: GatedModel
     ranking: Ranking | None
-    source: Path | None = field(default=None)
+    source: Path | None = None
 
     def _ranking(self) -> Ranking:
         if self.ranking is None:
@@ -131,8 +131,9 @@ def train(
         train_split: :class:`~budgeted_attention.data.dataset.Split` of (N, T) ``input_ids``,
             ``attention_mask`` and (N,) ``labels``.
         config: step counts and loss weights (default :class:`TrainConfig`).
-        stages: a prefix-closed subset of ``("dense", "budgeted", "hard")``; the ranking comes
-            from the gates after the budgeted stage.
+        stages: which of ``("dense", "budgeted", "hard")`` to run, always in that order (a model
+            already trained dense can start at "budgeted"); the hard stage's ranking comes from
+            the model's gates as they are when it starts.
         seq_len: the length at which budgets are turned into FLOPs (default the split's).
     """
     unknown = [s for s in stages if s not in STAGES]
