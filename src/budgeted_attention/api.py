@@ -32,7 +32,7 @@ from budgeted_attention.budget import validate_budget
 from budgeted_attention.data.dataset import Split
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.family import GatedModel
-from budgeted_attention.pruning.selection import Ranking, rank_units
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import prune_to_budget, sort_heads
 from budgeted_attention.pruning.switching import SlicedModel
 from budgeted_attention.rundir import RunDir
@@ -148,7 +148,7 @@ def train(
         train_budgeted(model, train_split, cfg, costs, seed=seed, teacher=teacher, progress=progress, val=val)
     ranking = None
     if "hard" in stages:
-        ranking = rank_units(model.unit_importance(), costs)
+        ranking = Ranking.from_scores(model.unit_importance(), costs)
         train_hard(model, train_split, cfg, ranking, seed=seed, progress=progress, val=val)
     return Budgeted(model.eval(), ranking)
 
