@@ -115,25 +115,6 @@ def _onnx_runners(
     return {name: factory(session) for name, session in sessions.items()}
 
 
-# Row keys of earlier releases, written beside the new ones for one release (old key -> new key):
-# every pruned model now runs its lean executor, so the lean and sliced figures are the row's own,
-# and the library reference's figures have one name whatever the library.
-ALIASES = {
-    "lean_dense_latency_ms": "dense_latency_ms", "lean_latency_ms": "latency_ms", "lean_speedup": "speedup",
-    "lean_efficiency": "efficiency", "sliced_latency_ms": "latency_ms", "sliced_speedup": "speedup",
-}
-LIBRARY_ALIASES = ("{name}_latency_ms", "library_latency_ms"), ("{name}_speedup", "library_speedup"), ("lean_{name}_speedup", "library_speedup")
-
-
-def with_aliases(row: dict[str, Any]) -> dict[str, Any]:
-    """``row`` with the keys of earlier releases added (:data:`ALIASES`; the library's, e.g.
-    ``transformers_speedup``, from the row's ``library``)."""
-    aliases = {old: row[new] for old, new in ALIASES.items() if new in row}
-    if row.get("library"):
-        aliases.update({old.format(name=row["library"]): row[new] for old, new in LIBRARY_ALIASES if new in row})
-    return {**row, **aliases}
-
-
 def bench_models(
     model: GatedModel,
     kept_by_budget: dict[float, KeptUnits],
@@ -166,8 +147,7 @@ def bench_models(
         seq_len, threads, dense_latency_ms, latency_ms, speedup, ideal_speedup, efficiency,
         heads_kept, heads_per_layer, ffn_per_layer, flops_fraction``, with a library model
         ``library, library_latency_ms, library_speedup``, with ONNX ``onnx_dense_latency_ms,
-        onnx_latency_ms, onnx_speedup, onnx_efficiency``, and the keys of earlier releases
-        (:func:`with_aliases`).
+        onnx_latency_ms, onnx_speedup, onnx_efficiency``.
 
     Raises:
         BAAError: the model has something its family's lean executor does not run (named).
@@ -296,7 +276,7 @@ def _time_settings(
                 row["onnx_latency_ms"] = latency[f"onnx_{key}"]
                 row["onnx_speedup"] = latency["onnx_dense"] / latency[f"onnx_{key}"]
                 row["onnx_efficiency"] = row["onnx_speedup"] / row["ideal_speedup"]
-            rows.append(with_aliases(row))
+            rows.append(row)
     return rows
 
 
