@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from budgeted_attention.budget import default_budget_sweep, parse_budgets, validate_budget
+from budgeted_attention.budget import parse_budgets, validate_budget
 
 
 @pytest.mark.parametrize("bad", [0, 0.0, -0.1, 1.0000001, 2, math.nan, math.inf, -math.inf, "0.5", None, True, [0.5]])
@@ -24,10 +24,6 @@ def test_parse_budgets():
         parse_budgets("0.5,abc")
     with pytest.raises(ValueError, match="1.5"):
         parse_budgets("0.5,1.5")
-
-
-def test_default_sweep():
-    assert default_budget_sweep() == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 
 
 def test_numpy_scalars_are_numbers_but_bools_are_not():

@@ -49,8 +49,3 @@ def parse_budgets(text: str | Iterable[object]) -> list[float]:
     if not items:
         raise BudgetError(f"expected at least one budget, got {text!r}")
     return [validate_budget(item) for item in items]
-
-
-def default_budget_sweep() -> list[float]:
-    """The default evaluation sweep 0.1, 0.2, ..., 1.0."""
-    return [round(0.1 * i, 1) for i in range(1, 11)]

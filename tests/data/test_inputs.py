@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from budgeted_attention.data.dataset import Split
-from budgeted_attention.data.inputs import LengthProfile, length_batches, random_ids, split_lengths
+from budgeted_attention.data.inputs import length_batches, random_ids, split_lengths
 
 
 def _split(lengths: list[int], seq: int) -> Split:
@@ -125,24 +125,6 @@ def test_sampled_frequencies_track_empirical_frequencies(weights, seed):
     counts = Counter(n for _, mask in batches for n in mask.sum(dim=1).tolist())
     for i, w in enumerate(weights):
         assert abs(counts[i + 1] / 3000 - w / len(lengths)) < 0.06
-
-
-def test_length_profile_stats_and_dict():
-    profile = LengthProfile("toy", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
-    assert profile.mean == 5.5 and profile.median == 5.5 and profile.max == 10
-    assert profile.p90 == pytest.approx(9.1)  # linear interpolation, as numpy's default
-    d = profile.to_dict()
-    assert d == {"name": "toy", "n": 10, "mean": 5.5, "median": 5.5, "p90": pytest.approx(9.1), "max": 10}
-    assert "lengths" not in d
-    assert profile.to_dict(include_lengths=True)["lengths"] == list(range(1, 11))
-
-
-def test_length_profile_from_split_and_validation():
-    profile = LengthProfile.from_split("s", _split([4, 2, 4], 6))
-    assert profile.lengths == [4, 2, 4] and profile.median == 4.0 and profile.max == 4
-    assert LengthProfile("tensor ints", list(torch.tensor([3, 5]))).lengths == [3, 5]
-    with pytest.raises(ValueError, match="lengths"):
-        LengthProfile("empty", [])
 
 
 def _family_models():

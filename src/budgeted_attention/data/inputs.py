@@ -8,10 +8,7 @@ and pads each batch to its longest example, as a dynamic-padding server would.
 
 from __future__ import annotations
 
-import math
 import operator
-import statistics
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -121,55 +118,3 @@ def length_batches(
         ids = ids.masked_fill(mask == 0, pad_id)
         batches.append((ids, mask))
     return batches
-
-
-def _quantile(sorted_values: list[int], q: float) -> float:
-    """Linear-interpolation quantile (numpy's default) of an ascending non-empty list."""
-    position = q * (len(sorted_values) - 1)
-    lo, hi = math.floor(position), math.ceil(position)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (position - lo)
-
-
-@dataclass
-class LengthProfile:
-    """A named length distribution (tokens per example) with summary statistics.
-
-    Attributes:
-        name: where the lengths come from, e.g. ``"bbc-short/test"``.
-        lengths: real token counts per example.
-        mean, median, p90, max: statistics of ``lengths`` in tokens (p90: linear interpolation).
-    """
-
-    name: str
-    lengths: list[int]
-    mean: float = field(init=False)
-    median: float = field(init=False)
-    p90: float = field(init=False)
-    max: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.lengths = _check_lengths(self.lengths)
-        ordered = sorted(self.lengths)
-        self.mean = float(statistics.fmean(ordered))
-        self.median = float(statistics.median(ordered))
-        self.p90 = float(_quantile(ordered, 0.9))
-        self.max = int(ordered[-1])
-
-    @classmethod
-    def from_split(cls, name: str, split: Split) -> LengthProfile:
-        return cls(name, split_lengths(split))
-
-    def to_dict(self, *, include_lengths: bool = False) -> dict[str, Any]:
-        """JSON-ready summary (``name, n, mean, median, p90, max``; the raw list only on request,
-        since a test split can hold thousands of examples)."""
-        out: dict[str, Any] = {
-            "name": self.name,
-            "n": len(self.lengths),
-            "mean": self.mean,
-            "median": self.median,
-            "p90": self.p90,
-            "max": self.max,
-        }
-        if include_lengths:
-            out["lengths"] = list(self.lengths)
-        return out
