@@ -18,7 +18,7 @@ def zero_width_initializers(path):
 
 
 def test_encoder_with_uneven_and_empty_layers_exports_equal_outputs(tiny_model, tmp_path):
-    tiny_model.keep_heads([[0, 2], [], [3]])
+    tiny_model.keep_units([[0, 2], [], [3]])
     path = export_model(tiny_model, tmp_path / "m.onnx")
     assert check_graph(tiny_model, path, shapes=((1, 5), (4, 16), (2, 9))) <= 1e-4
     assert zero_width_initializers(path) == []  # the empty layer is LayerNorm(x + bias), no zero-width matmul
@@ -34,7 +34,7 @@ def test_bert_family_with_an_empty_layer_exports_equal_outputs(tmp_path):
     cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
                      num_labels=3, max_position_embeddings=32, attn_implementation="sdpa")
     model = GatedBertClassifier(BertForSequenceClassification(cfg)).eval()
-    model.keep_heads([[0, 2, 3], [], [1]])
+    model.keep_units([[0, 2, 3], [], [1]])
     path = export_model(model, tmp_path / "bert.onnx")
     assert check_graph(model, path, shapes=((1, 5), (3, 32), (2, 11))) <= 1e-4
     assert zero_width_initializers(path) == []

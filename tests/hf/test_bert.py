@@ -50,7 +50,7 @@ def test_pruned_equals_hard_masked_with_uneven_and_empty_layers(inputs, tmp_path
         mask[layer, heads] = 1
     with torch.no_grad():
         masked = model(*inputs, gates=mask)
-        model.keep_heads(kept)
+        model.keep_units(kept)
         assert model.heads_per_layer == [3, 0, 1]
         assert torch.allclose(model(*inputs), masked, atol=1e-5)
         assert model.head_ids == kept

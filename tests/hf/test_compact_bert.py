@@ -93,7 +93,7 @@ def test_compact_copy_is_a_snapshot_that_knows_when_it_is_stale_and_moves_with_t
     assert not compact.is_current(model)
     compact = model.inference_module()
     with torch.no_grad():
-        model.keep_heads([[0], [1], [2]])  # surgery replaces parameters
+        model.keep_units([[0], [1], [2]])  # surgery replaces parameters
     assert [layer.n_heads for layer in compact.layers] == [4, 4, 4] and not compact.is_current(model)
     assert all(buffer.dtype == torch.float64 for buffer in compact.to(torch.float64).buffers())
 

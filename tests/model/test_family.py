@@ -64,7 +64,7 @@ def test_full_grid_gates_are_required(tiny_model, tiny_ids):
     with pytest.raises(ValueError, match="full-grid shape"):
         pruned(tiny_ids, gates=torch.ones(3, 1))
     with pytest.raises(ValueError, match="no longer has head"):
-        pruned.keep_heads([[1], [1], [2]])
+        pruned.keep_units([[1], [1], [2]])
 
 
 def test_token_type_ids_are_refused_when_the_model_cannot_use_them(tiny_model, tiny_ids):

@@ -214,7 +214,7 @@ def test_router_is_refused_where_it_cannot_work():
     with pytest.raises(ValueError, match="no per-input head routing"):
         decoder.attach_router(RouterConfig())
     pruned = EncoderClassifier(tiny_config())
-    pruned.keep_heads([[0], [0, 1], [2]])
+    pruned.keep_units([[0], [0, 1], [2]])
     with pytest.raises(ValueError, match="unpruned model"):
         pruned.attach_router(RouterConfig())
 

@@ -161,12 +161,8 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _load_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [OSError, ValueError, RuntimeError, KeyError, TypeError]
-    with contextlib.suppress(ImportError):
-
-        errors.append(SafetensorError)
-    return tuple(errors)
+# What a failed ``from_pretrained`` raises (a corrupt safetensors file: SafetensorError).
+_LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError, SafetensorError)
 
 
 def _some(keys: Iterable[str], limit: int = 5) -> str:
@@ -200,7 +196,7 @@ def load_pretrained_classifier(path: str | Path, num_labels: int, *, log: Callab
                 # trained and timed in half precision on the CPU, and reload as float32 later.
                 dtype=torch.float32,
             )
-    except _load_errors() as exc:
+    except _LOAD_ERRORS as exc:
         raise CheckpointError(f"cannot load a {kind} checkpoint from '{path}': {_first_line(exc)}") from exc
     config = model.config
     if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
@@ -354,20 +350,3 @@ def unmodified_reference(hf_model: nn.Module):
         reference.to(device=parameter.device, dtype=parameter.dtype)
     return reference.eval()
 
-
-__all__ = [
-    "ARCHITECTURES",
-    "Architecture",
-    "SUPPORTED",
-    "architecture_of",
-    "attention_output_dense",
-    "base_model",
-    "classifier_from_config",
-    "encoder_layers",
-    "load_pretrained_classifier",
-    "model_type",
-    "self_attention",
-    "set_self_attention",
-    "unmodified_reference",
-    "uses_token_type_ids",
-]

@@ -175,12 +175,11 @@ class GatedBertIntermediate(nn.Module):
 
 
 class GatedBertClassifier(GatedModel):
-    # WordPiece vocabularies keep their first 1000 ids for [PAD], [unused*], [UNK], [CLS], [SEP], [MASK].
-    special_ids = 1000
-
     """A transformers sequence classifier of the BERT family with budget gates over its (layer, head) grid."""
 
     family = "bert"
+    # WordPiece vocabularies keep their first 1000 ids for [PAD], [unused*], [UNK], [CLS], [SEP], [MASK].
+    special_ids = 1000
     supports_routing = True
 
     def __init__(
@@ -277,18 +276,13 @@ class GatedBertClassifier(GatedModel):
         for attention, count in zip(self.attentions, counts):
             attention.active_heads = count
 
-    def _physical_keep_ffn(self, positions: list[list[int]]) -> None:
-        gs = self.group_size
-        for module, dense, layer_positions in zip(self.intermediates, self.ffn_output_denses, positions):
-            module.keep_neurons([p * gs + i for p in layer_positions for i in range(gs)], dense)
+    def _keep_neurons(self, neurons: list[list[int]]) -> None:
+        for module, dense, layer_neurons in zip(self.intermediates, self.ffn_output_denses, neurons):
+            module.keep_neurons(layer_neurons, dense)
 
     def _set_active_ffn(self, counts: list[int]) -> None:
         for module, count in zip(self.intermediates, counts):
             module.active_width = count * self.group_size
-
-    def _permute_ffn(self, orders: list[list[int]]) -> None:
-        for module, dense, order in zip(self.intermediates, self.ffn_output_denses, orders):
-            module.keep_neurons(order, dense)
 
     def ffn_widths(self) -> list[int]:
         return [intermediate(layer).dense.out_features for layer in encoder_layers(self.hf)]

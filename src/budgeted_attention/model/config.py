@@ -139,7 +139,6 @@ class ModelConfig:
         if self.pooling not in ("cls", "mean"):
             raise ConfigError(f"model.pooling must be 'cls' or 'mean', got {self.pooling!r}")
         if self.head_ids:
-
             try:
                 self.head_ids = validate_head_ids(self.head_ids, self.n_layers, self.n_heads)
             except ValueError as exc:
@@ -172,7 +171,6 @@ class ModelConfig:
         if self.d_ff == 0 or self.d_ff % self.ffn_group_size:
             raise ConfigError(f"model.ffn_group_size ({self.ffn_group_size}) must divide model.d_ff ({self.d_ff}), which must be > 0")
         if self.ffn_group_ids:
-
             try:
                 self.ffn_group_ids = validate_head_ids(self.ffn_group_ids, self.n_layers, self.n_groups)
             except ValueError as exc:

@@ -73,7 +73,8 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
         # Counts the surgeries (keep_units, sort_ffn_neurons): copies made from the weights
         # (lean inference copies) compare it to know they are out of date.
         self.layout_version = 0
-        self._gate_index: list[torch.Tensor] | None = None
+        # Per layer, the full-grid index of each active head and FFN group (None: the identity).
+        self._gate_index: tuple[list[torch.Tensor] | None, list[torch.Tensor] | None] | None = None
         self._position_of: list[dict[int, int]] | None = None  # per layer, head id -> physical position
         self.group_size = int(group_size)
         self.n_groups = 0
@@ -88,7 +89,6 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
                 validate_head_ids(group_ids, n_layers, self.n_groups) if group_ids else identity_head_ids(n_layers, self.n_groups)
             )
         self._active_groups = [len(g) for g in self.group_ids]
-        self._group_index: list[torch.Tensor] | None = None
         self.router: HeadRouter | None = None
 
     # ------------------------------------------------------------------ shape
@@ -131,10 +131,6 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
     def active_head_ids(self) -> list[list[int]]:
         """Original indices of the heads the forward pass runs, per layer."""
         return [ids[:n] for ids, n in zip(self.head_ids, self._active)]
-
-    def active_groups(self) -> list[int]:
-        """FFN groups used per layer in forward (a prefix of the physical groups)."""
-        return list(self._active_groups)
 
     def active_group_ids(self) -> list[list[int]]:
         """Original indices of the FFN groups the forward pass runs, per layer."""
@@ -210,15 +206,11 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
         if resolved is None:
             return [DENSE] * self.n_layers
         if self._gate_index is None:
-            self._gate_index = [torch.tensor(ids, dtype=torch.long) for ids in self.active_head_ids()]
-            self._identity = self.active_head_ids() == identity_head_ids(self.n_layers, self.n_heads)
-            self._group_index = [torch.tensor(ids, dtype=torch.long) for ids in self.active_group_ids()]
-            self._group_identity = self.active_group_ids() == identity_head_ids(self.n_layers, self.n_groups)
-        heads = self._reindex(resolved.heads, self._gate_index, self._identity)
+            self._gate_index = _unit_index(self.active_head_ids(), self.n_heads), _unit_index(self.active_group_ids(), self.n_groups)
+        heads = _reindex(resolved.heads, self._gate_index[0])
         if resolved.ffn is None:
             return [LayerSelection(gates=g) for g in heads]
-        ffn = self._reindex(resolved.ffn, self._group_index, self._group_identity)
-        return [LayerSelection(gates=g, ffn=f) for g, f in zip(heads, ffn)]
+        return [LayerSelection(gates=g, ffn=f) for g, f in zip(heads, _reindex(resolved.ffn, self._gate_index[1]))]
 
     def head_positions(self, sets: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
         """Per layer, the physical positions (ascending) of the head ids in ``sets`` (one set per layer)."""
@@ -232,18 +224,6 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
             return [tuple(sorted(where[h] for h in heads)) for where, heads in zip(self._position_of, sets)]
         except KeyError as exc:
             raise ValueError(f"head set names head {exc.args[0]}, which this model does not run") from None
-
-    @staticmethod
-    def _reindex(matrix: torch.Tensor, index: list[torch.Tensor], identity: bool) -> list[torch.Tensor]:
-        """Per layer, the gates of the active physical units: (units,) from a (layers, units) grid,
-        or (batch, units) from per-input (batch, layers, units) gates."""
-        if matrix.ndim == 3:
-            if identity:
-                return list(matrix.unbind(1))
-            return [matrix[:, layer].index_select(-1, ids.to(matrix.device)) for layer, ids in enumerate(index)]
-        if identity:
-            return list(matrix.unbind(0))
-        return [matrix[layer].index_select(0, ids.to(matrix.device)) for layer, ids in enumerate(index)]
 
     # ------------------------------------------------------------------ per-input routing
 
@@ -339,16 +319,13 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
         self.head_ids = [[int(h) for h in layer] for layer in heads]
         self._active = [len(h) for h in self.head_ids]
         if group_positions is not None:
-            self._physical_keep_ffn(group_positions)
+            gs = self.group_size
+            self._keep_neurons([[p * gs + i for p in layer for i in range(gs)] for layer in group_positions])
             self.group_ids = [[int(g) for g in layer] for layer in groups]  # type: ignore[union-attr]
             self._active_groups = [len(g) for g in self.group_ids]
         self._gate_index = self._position_of = None
         self.layout_version += 1
         self._after_surgery()
-
-    def keep_heads(self, kept: list[list[int]]) -> None:
-        """Physically keep, per layer, the heads ``kept[l]`` (see :meth:`keep_units`)."""
-        self.keep_units(kept, None)
 
     def set_active(self, head_counts: list[int], group_counts: list[int] | None = None) -> None:
         """Run only the first ``head_counts[l]`` physical heads (and ``group_counts[l]`` FFN groups)
@@ -393,7 +370,7 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
         for layer, (order, width) in enumerate(zip(orders, widths)):
             if sorted(int(i) for i in order) != list(range(width)):
                 raise ValueError(f"neuron order of layer {layer} must be a permutation of range({width})")
-        self._permute_ffn([[int(i) for i in order] for order in orders])
+        self._keep_neurons([[int(i) for i in order] for order in orders])
         self.layout_version += 1
 
     # ------------------------------------------------------------------ family hooks
@@ -411,17 +388,13 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
         """Family hook: refresh derived state (e.g. a config) after :meth:`keep_units`."""
 
     @abstractmethod
-    def _physical_keep_ffn(self, positions: list[list[int]]) -> None:
-        """Keep physical FFN groups at ``positions[l]`` (storage positions, in that order)."""
+    def _keep_neurons(self, neurons: list[list[int]]) -> None:
+        """Keep (or permute) the FFN neurons at storage positions ``neurons[l]``, in that order:
+        rows of the first linear, columns of the second (surgery of groups, neuron sorting)."""
         raise NotImplementedError
 
     @abstractmethod
     def _set_active_ffn(self, counts: list[int]) -> None:
-        raise NotImplementedError
-
-    @abstractmethod
-    def _permute_ffn(self, orders: list[list[int]]) -> None:
-        """Permute FFN neurons of every layer (rows of the first linear, columns of the second)."""
         raise NotImplementedError
 
     @abstractmethod
@@ -495,3 +468,19 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
     def from_description(cls, description: dict[str, Any]) -> GatedModel:
         """A model of the described architecture (weights to be loaded afterwards)."""
         raise NotImplementedError
+
+
+def _unit_index(active_ids: list[list[int]], n_units: int) -> list[torch.Tensor] | None:
+    """Per layer, the active units' original ids as an index tensor; None for the identity layout."""
+    if active_ids == identity_head_ids(len(active_ids), n_units):
+        return None
+    return [torch.tensor(ids, dtype=torch.long) for ids in active_ids]
+
+
+def _reindex(matrix: torch.Tensor, index: list[torch.Tensor] | None) -> list[torch.Tensor]:
+    """Per layer, the gates of the active physical units: (units,) from a (layers, units) grid,
+    or (batch, units) from per-input (batch, layers, units) gates."""
+    dim = matrix.ndim - 2  # the layer axis
+    if index is None:
+        return list(matrix.unbind(dim))
+    return [matrix.select(dim, layer).index_select(-1, ids.to(matrix.device)) for layer, ids in enumerate(index)]

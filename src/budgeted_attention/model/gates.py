@@ -48,18 +48,6 @@ class BudgetGates(nn.Module):
         logit_b = math.log(b) - math.log1p(-b)
         return torch.sigmoid(self.bias + self.slope() * logit_b)
 
-    def resolve(self, budget: float | None = None, gates: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The (n_layers, n_heads) gates of a forward pass, or None for the ungated fast path.
-
-        Explicit ``gates`` win; otherwise g(budget). g(1) = 1 exactly for every head, so b = 1 *is*
-        the dense model: it returns None (after validating the budget like any other).
-        """
-        if gates is not None:
-            return gates
-        if budget is None or validate_budget(budget) == 1.0:
-            return None
-        return self(budget)
-
     @torch.no_grad()
     def importance(self, grid_points: int = 20) -> torch.Tensor:
         """Budget-invariant head score: the mean gate over a budget grid (area under g(b)).

@@ -216,15 +216,13 @@ class MetaSelfAttention(GatedSelfAttention):
         n, seq, hd = q.shape
         out = torch.zeros_like(q)
         positions = torch.arange(seq, device=q.device)
-        if real is not None:
-            k_ok = real
         full_idx, linear_idx, window_idx = (torch.nonzero(choice == i).flatten() for i in range(len(EXPERTS)))
         if len(full_idx):
             # Only the keys up to the last full-attention query are ever needed.
             last = int(full_idx[-1]) + 1
             allowed = positions[:last].view(1, -1) <= full_idx.view(-1, 1)
             if real is not None:
-                allowed = allowed & k_ok[:last].view(1, -1)
+                allowed = allowed & real[:last].view(1, -1)
                 # A query with no real key keeps its own position, as in soft mode (never read).
                 empty = ~allowed.any(-1)
                 allowed[empty, full_idx[empty]] = True
@@ -239,7 +237,7 @@ class MetaSelfAttention(GatedSelfAttention):
             keys = window_idx.view(-1, 1) + offsets.view(1, -1)  # (W, w) key positions, < 0 outside
             valid = keys >= 0
             if real is not None:
-                valid = valid & k_ok[keys.clamp_min(0)]
+                valid = valid & real[keys.clamp_min(0)]
                 valid[:, -1] |= ~valid.any(-1)
             gathered_k, gathered_v = k[:, keys.clamp_min(0)], v[:, keys.clamp_min(0)]  # (n, W, w, hd)
             scores = torch.einsum("nqd,nqwd->nqw", q[:, window_idx], gathered_k) / math.sqrt(hd)

@@ -150,7 +150,10 @@ class BlockStack(GatedModel):
             for h, w in zip(config.heads_per_layer, config.ffn_widths)
         )
         self.ln_final = nn.LayerNorm(config.d_model)
-        self._init_units(config)
+        self._init_heads(
+            config.n_layers, config.n_heads, config.head_ids,
+            ffn_width=config.d_ff, group_size=config.ffn_group_size, group_ids=config.ffn_group_ids or None,
+        )
 
     def _hidden_states(
         self,
@@ -178,12 +181,6 @@ class BlockStack(GatedModel):
             x = block(x, sdpa_mask, selection)
         return self.ln_final(x)
 
-    def _init_units(self, config: ModelConfig) -> None:
-        self._init_heads(
-            config.n_layers, config.n_heads, config.head_ids,
-            ffn_width=config.d_ff, group_size=config.ffn_group_size, group_ids=config.ffn_group_ids or None,
-        )
-
     @property
     def max_len(self) -> int:
         return self.config.max_len
@@ -209,18 +206,13 @@ class BlockStack(GatedModel):
         for block, count in zip(self.blocks, counts):
             block.attn.set_active_heads(count)
 
-    def _physical_keep_ffn(self, positions: list[list[int]]) -> None:
-        gs = self.group_size
-        for block, layer_positions in zip(self.blocks, positions):
-            block.ffn.keep_neurons([p * gs + i for p in layer_positions for i in range(gs)])
+    def _keep_neurons(self, neurons: list[list[int]]) -> None:
+        for block, layer_neurons in zip(self.blocks, neurons):
+            block.ffn.keep_neurons(layer_neurons)
 
     def _set_active_ffn(self, counts: list[int]) -> None:
         for block, count in zip(self.blocks, counts):
             block.ffn.active_width = count * self.group_size
-
-    def _permute_ffn(self, orders: list[list[int]]) -> None:
-        for block, order in zip(self.blocks, orders):
-            block.ffn.keep_neurons(order)
 
     def ffn_widths(self) -> list[int]:
         return [block.ffn.width if block.has_ffn else 0 for block in self.blocks]

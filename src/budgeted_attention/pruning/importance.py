@@ -1,14 +1,13 @@
 """Post-hoc head importance of a dense model (the paper's zero-shot structural baseline).
 
-* ``gradient_importance``: Michel et al. (2019), "Are Sixteen Heads Really Better than One?":
-  attach a head mask of ones, accumulate |dLoss/dmask| over the validation split (each batch's
-  contribution weighted by its share of tokens), and normalise per layer (L2) so layers are
-  comparable.
+* ``unit_gradient_importance``: Michel et al. (2019), "Are Sixteen Heads Really Better than
+  One?": attach masks of ones to the heads (and FFN groups), accumulate |dLoss/dmask| over the
+  validation split (each batch's contribution weighted by its share of tokens), and normalise
+  per layer (L2) so layers are comparable.
 * ``leave_one_out_importance``: the validation loss increase when one head is masked out.
 
 Every score takes the task's loss (:mod:`budgeted_attention.tasks`: cross-entropy on labels, or
-next-token loss of a language model). Both return (n_layers, n_heads) scores, higher = more important, for
-:meth:`Ranking.from_scores`; ``unit_gradient_importance`` scores heads and FFN groups.
+next-token loss of a language model); higher = more important, for :meth:`Ranking.from_scores`.
 
 * ``ffn_neuron_importance``: DynaBERT's neuron reordering score, |sum over tokens of
   activation x dLoss/dactivation| per FFN neuron (the gradient of a per-neuron mask),
@@ -24,25 +23,6 @@ from torch import nn
 from budgeted_attention.data.dataset import Split
 from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.tasks import CLASSIFY, Task
-
-
-def gradient_importance(
-    model: nn.Module, split: Split, n_layers: int, n_heads: int, batch_size: int = 128, normalize: bool = True, task: Task = CLASSIFY
-) -> torch.Tensor:
-    """|dL/dmask| summed over ``split``, shape (n_layers, n_heads)."""
-    was_training = model.training
-    model.eval()
-    mask = torch.ones(n_layers, n_heads, requires_grad=True)
-    total_tokens = float(split.attention_mask.sum())
-    scores = torch.zeros(n_layers, n_heads)
-    for ids, attn, labels in split.batches(batch_size):
-        loss = task.loss(model(ids, attn, gates=mask), ids, attn, labels)
-        (grad,) = torch.autograd.grad(loss, mask)
-        scores += grad.abs() * float(attn.sum()) / total_tokens
-    model.train(was_training)
-    if normalize:
-        scores = scores / scores.norm(dim=1, keepdim=True).clamp_min(1e-20)
-    return scores
 
 
 @torch.no_grad()
