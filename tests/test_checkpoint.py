@@ -5,15 +5,16 @@ import torch
 
 from budgeted_attention.checkpoint import load_model, save_model
 from budgeted_attention.errors import CheckpointError
-from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.model.gates import UnitGates
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import keep_heads
 
 
 def test_round_trip(tiny_model, tiny_ids, tmp_path):
-    ranking = HeadRanking.from_scores(torch.rand(3, 4))
+    ranking = Ranking.from_scores(UnitGates(torch.rand(3, 4)))
     save_model(tiny_model, tmp_path / "m", ranking=ranking.to_dict())
     loaded, description = load_model(tmp_path / "m.json")
-    assert HeadRanking.from_dict(description["ranking"]) == ranking
+    assert Ranking.from_dict(description["ranking"]) == ranking
     with torch.no_grad():
         assert torch.equal(loaded(tiny_ids, budget=0.4), tiny_model(tiny_ids, budget=0.4))
 

@@ -101,11 +101,12 @@ def _fake_run(tmp_path):
     from budgeted_attention.checkpoint import save_model
     from budgeted_attention.model.config import ModelConfig
     from budgeted_attention.model.transformer import EncoderClassifier
-    from budgeted_attention.pruning.selection import HeadRanking
+    from budgeted_attention.model.gates import UnitGates
+    from budgeted_attention.pruning.selection import Ranking
 
     torch.manual_seed(0)
     model = EncoderClassifier(ModelConfig(vocab_size=20, n_classes=2, max_len=8, d_model=16, n_layers=2, n_heads=2, d_ff=16))
-    ranking = HeadRanking.from_scores(torch.arange(4.0).view(2, 2))
+    ranking = Ranking.from_scores(UnitGates(torch.arange(4.0).view(2, 2)))
     run = tmp_path / "run"
     save_model(model, run / "checkpoints" / "seed0" / "budgeted-hard", method="budgeted-hard", seed=0, ranking=ranking.to_dict())
     return run

@@ -7,7 +7,8 @@ onnx = pytest.importorskip("onnx", reason="the serve extra is not installed")
 pytest.importorskip("onnxruntime", reason="the serve extra is not installed")
 from budgeted_attention.cli import main  # noqa: E402
 from budgeted_attention.export.onnx import check_graph, export_budgets, export_model, graph_path, make_session  # noqa: E402
-from budgeted_attention.pruning.selection import HeadRanking  # noqa: E402
+from budgeted_attention.model.gates import UnitGates  # noqa: E402
+from budgeted_attention.pruning.selection import Ranking  # noqa: E402
 from budgeted_attention.serving.config import ServeConfig  # noqa: E402
 from budgeted_attention.serving.engine import Engine  # noqa: E402
 
@@ -43,7 +44,7 @@ def test_bert_family_with_an_empty_layer_exports_equal_outputs(tmp_path):
 
 
 def test_export_budgets_writes_one_checked_graph_per_budget(tiny_model, tmp_path):
-    ranking = HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(2)))
+    ranking = Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(2))))
     summary = export_budgets(tiny_model, ranking, [0.25, 1.0], tmp_path / "onnx", log=lambda *_: None)
     assert [g["budget"] for g in summary["graphs"]] == [0.25, 1.0]
     assert summary["graphs"][0]["heads_per_layer"] == ranking.heads_per_layer(0.25)

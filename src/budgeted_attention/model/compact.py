@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from budgeted_attention.model.lean import LeanCopy, LeanLayer, keep, needs_mask
+from budgeted_attention.model.lean import LeanCopy, LeanLayer, keep, key_mask
 
 if TYPE_CHECKING:
     from budgeted_attention.model.transformer import BlockStack, EncoderBlock, EncoderClassifier
@@ -155,9 +155,7 @@ class CompactStack(LeanCopy):
         if self.has_positions:
             x = x + self.position_embedding[:seq]
         x = x.reshape(batch * seq, d)
-        mask = None  # SDPA runs its unmasked kernel when nothing is padded, as the model does
-        if self.mask_padding and attention_mask is not None and needs_mask(attention_mask):
-            mask = attention_mask.to(device=input_ids.device, dtype=torch.bool).reshape(batch, 1, 1, seq)
+        mask = key_mask(attention_mask, input_ids.device) if self.mask_padding else None
         for index, layer in enumerate(self.layers):
             x = layer(x, batch, seq, mask, None if head_sets is None else head_sets[index])
         x = F.layer_norm(x, (d,), self.ln_final_weight, self.ln_final_bias, self.ln_final_eps).view(batch, seq, d)

@@ -214,9 +214,14 @@ def unsupported_by_any(model: nn.Module, *, routed: bool = False) -> str | None:
     return None
 
 
-def needs_mask(attention_mask: torch.Tensor) -> bool:
-    """True unless every token is real. While compiling or capturing a CUDA graph the check (a
-    host sync) is skipped and the mask always built, as transformers does."""
-    if torch.compiler.is_compiling() or (attention_mask.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return True
-    return not bool(attention_mask.all())
+def key_mask(attention_mask: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """SDPA's boolean (batch, 1, 1, seq) key mask of a (batch, seq) 0/1 ``attention_mask``; None
+    when every token is real (SDPA then runs its unmasked kernel, as transformers does). While
+    compiling or capturing a CUDA graph the check (a host sync) is skipped and the mask always
+    built, as transformers does."""
+    if attention_mask is None:
+        return None
+    skip_check = torch.compiler.is_compiling() or (attention_mask.is_cuda and torch.cuda.is_current_stream_capturing())
+    if not skip_check and bool(attention_mask.all()):
+        return None
+    return attention_mask.to(device=device, dtype=torch.bool).reshape(attention_mask.shape[0], 1, 1, -1)

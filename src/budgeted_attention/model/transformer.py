@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -36,6 +37,37 @@ def sinusoidal_positions(max_len: int, d_model: int, amplitude: float = 0.5) -> 
     return amplitude * table
 
 
+def gated_hidden(
+    linear: nn.Linear, act: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, width: int, group_gates: torch.Tensor | None, group_size: int
+) -> torch.Tensor:
+    """``act`` of the first ``width`` (> 0) neurons of ``linear`` over ``x`` (a view of its rows),
+    each group of ``group_size`` neurons scaled by its gate (``group_gates``: (groups,) or None)."""
+    h = act(linear(x) if width == linear.out_features else F.linear(x, linear.weight[:width], linear.bias[:width]))
+    return h if group_gates is None else h * group_gates.to(h.dtype).repeat_interleave(group_size)
+
+
+def prefix_linear(linear: nn.Linear, h: torch.Tensor) -> torch.Tensor:
+    """``linear`` reading only the first ``h.shape[-1]`` of its input features (the FFN's active
+    neurons: a view of its weight's columns); width 0 gives the bias alone."""
+    width = h.shape[-1]
+    if width == linear.in_features:
+        return linear(h)
+    if width == 0:
+        return linear.bias.expand(*h.shape[:-1], linear.out_features)
+    return F.linear(h, linear.weight[:, :width], linear.bias)
+
+
+@torch.no_grad()
+def keep_neurons(first: nn.Linear, second: nn.Linear, neurons: list[int]) -> None:
+    """Keep only the FFN neurons at ``neurons`` (storage indices, in this order): rows of
+    ``first``, input columns of ``second``."""
+    index = torch.tensor(neurons, dtype=torch.long)
+    first.weight = nn.Parameter(first.weight[index].clone())
+    first.bias = nn.Parameter(first.bias[index].clone())
+    second.weight = nn.Parameter(second.weight[:, index].clone())
+    first.out_features = second.in_features = len(neurons)
+
+
 class FeedForward(nn.Module):
     """fc2(GELU(fc1(x))) with optional gates over groups of ``group_size`` consecutive neurons.
 
@@ -60,29 +92,15 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor, group_gates: torch.Tensor | None = None) -> torch.Tensor:
         """(batch, seq, d_model) -> (batch, seq, d_model); ``group_gates``: (active groups,) or None."""
-        width = self.active_width
-        if width == 0:
+        if self.active_width == 0:
             return self.fc2.bias.expand(*x.shape[:-1], self.fc2.out_features)
-        if width == self.width:
-            h = self.act(self.fc1(x))
-            w2 = self.fc2.weight
-        else:
-            h = self.act(F.linear(x, self.fc1.weight[:width], self.fc1.bias[:width]))
-            w2 = self.fc2.weight[:, :width]
-        if group_gates is not None:
-            h = h * group_gates.to(h.dtype).repeat_interleave(self.group_size)
-        y = F.linear(h, w2, self.fc2.bias)
+        y = prefix_linear(self.fc2, gated_hidden(self.fc1, self.act, x, self.active_width, group_gates, self.group_size))
         # Dropout modules only in training: in eval they are identities whose calls cost time.
         return self.dropout(y) if self.training else y
 
-    @torch.no_grad()
     def keep_neurons(self, neurons: list[int]) -> None:
         """Physically keep only the neurons at ``neurons`` (storage indices, in this order)."""
-        index = torch.tensor(neurons, dtype=torch.long)
-        self.fc1.weight = nn.Parameter(self.fc1.weight[index].clone())
-        self.fc1.bias = nn.Parameter(self.fc1.bias[index].clone())
-        self.fc2.weight = nn.Parameter(self.fc2.weight[:, index].clone())
-        self.fc1.out_features = self.fc2.in_features = len(neurons)
+        keep_neurons(self.fc1, self.fc2, neurons)
         self.active_width = len(neurons)
 
 
