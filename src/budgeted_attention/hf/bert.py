@@ -267,8 +267,15 @@ class GatedBertClassifier(GatedModel):
             return [intermediate(layer) for layer in encoder_layers(self.hf)]
         return list(self.intermediates)
 
-    def cost_model(self, seq_len: int):
-        return bert_cost_model(self.hf.config, seq_len)
+    def cost_model(self, seq_len: int) -> CostModel:
+        """The FLOP cost model of :mod:`budgeted_attention.model.cost` for the transformers config."""
+        cfg = self.hf.config
+        shape = ModelConfig(
+            vocab_size=cfg.vocab_size, n_classes=cfg.num_labels, max_len=cfg.max_position_embeddings,
+            d_model=cfg.hidden_size, n_layers=cfg.num_hidden_layers, n_heads=cfg.num_attention_heads,
+            head_dim=cfg.hidden_size // cfg.num_attention_heads, d_ff=cfg.intermediate_size,
+        )
+        return CostModel(shape, seq_len)
 
     def lean_unsupported(self, *, routed: bool = False) -> str | None:
         config = self.hf.config
@@ -329,13 +336,3 @@ def bert_max_len(cfg) -> int:
     """Longest input of a BERT-family config: RoBERTa-style position ids start after the padding id."""
     offset = cfg.pad_token_id + 1 if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta") and cfg.pad_token_id is not None else 0
     return int(cfg.max_position_embeddings) - offset
-
-
-def bert_cost_model(cfg, seq_len: int):
-    """The FLOP cost model of :mod:`budgeted_attention.model.cost` for a transformers BERT config."""
-    shape = ModelConfig(
-        vocab_size=cfg.vocab_size, n_classes=cfg.num_labels, max_len=cfg.max_position_embeddings,
-        d_model=cfg.hidden_size, n_layers=cfg.num_hidden_layers, n_heads=cfg.num_attention_heads,
-        head_dim=cfg.hidden_size // cfg.num_attention_heads, d_ff=cfg.intermediate_size,
-    )
-    return CostModel(shape, seq_len)

@@ -40,18 +40,13 @@ class CostModel:
     def classifier_flops(self) -> int:
         return 2 * self.config.d_model * self.config.n_classes
 
-    def head_costs(self) -> torch.Tensor:
-        """Per-head cost, shape (n_layers, n_heads); all heads have equal shape here."""
-        cfg = self.config
-        return torch.full((cfg.n_layers, cfg.n_heads), float(self.head_flops()), dtype=torch.float64)
-
     def unit_costs(self, group_size: int = 0) -> UnitGates:
         """FLOPs per prunable unit: heads (n_layers, n_heads) and, when ``group_size`` > 0, FFN groups
-        (n_layers, d_ff // group_size)."""
-        heads = self.head_costs()
+        (n_layers, d_ff // group_size); every head (and group) has the same shape here."""
+        cfg = self.config
+        heads = torch.full((cfg.n_layers, cfg.n_heads), float(self.head_flops()), dtype=torch.float64)
         if group_size <= 0:
             return UnitGates(heads, None)
-        cfg = self.config
         groups = torch.full((cfg.n_layers, cfg.d_ff // group_size), float(self.group_flops(group_size)), dtype=torch.float64)
         return UnitGates(heads, groups)
 

@@ -36,8 +36,8 @@ from budgeted_attention.model.router import HeadRouter, RouterConfig, pooled_emb
 class GatedModel(nn.Module, metaclass=ABCMeta):
     """Base class of gated classifiers: budget gates over a (layer, head) grid, prunable heads.
 
-    Family subclasses set ``family`` and implement ``_run`` (the forward pass with per-layer
-    gates), ``_physical_keep`` (remove heads), ``_set_active`` (prefix slicing), ``cost_model``,
+    Family subclasses set ``family`` and implement ``forward`` (with :meth:`layer_selections`),
+    ``_physical_keep`` (remove heads), ``_set_active`` (prefix slicing), ``cost_model``,
     ``lean_unsupported``, ``inference_module`` (the lean executor), ``describe`` and ``from_description``.
 
     Attributes:
@@ -122,7 +122,6 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
     @abstractmethod
     def max_len(self) -> int:
         """Longest input sequence the model accepts, in tokens."""
-        raise NotImplementedError
 
     def active_heads(self) -> list[int]:
         """Heads used per layer in forward: a prefix of the physical heads (instant switching)."""
@@ -259,7 +258,6 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
     @abstractmethod
     def input_embedding(self) -> nn.Embedding:
         """Family hook: the token embedding table (the router pools it over the input)."""
-        raise NotImplementedError
 
     # Our tokenizers keep the first ids for their special tokens ([PAD], [UNK], [CLS] or <pad>,
     # <eod>, <unk>); a family with another vocabulary layout overrides ``special_ids``.
@@ -274,7 +272,6 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
     @abstractmethod
     def pad_id(self) -> int:
         """Family hook: the id padding positions carry (synthetic padded inputs use it)."""
-        raise NotImplementedError
 
     def first_ordinary_id(self) -> int:
         """The first id of an ordinary word token, the low end of every synthetic input (bench,
@@ -378,11 +375,10 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
     @abstractmethod
     def _physical_keep(self, positions: list[list[int]]) -> None:
         """Keep physical heads at ``positions[l]`` (storage positions, in that order)."""
-        raise NotImplementedError
 
     @abstractmethod
     def _set_active(self, counts: list[int]) -> None:
-        raise NotImplementedError
+        """Run the first ``counts[l]`` physical heads of layer l (views of the weights)."""
 
     def _after_surgery(self) -> None:
         """Family hook: refresh derived state (e.g. a config) after :meth:`keep_units`."""
@@ -391,27 +387,23 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
     def _keep_neurons(self, neurons: list[list[int]]) -> None:
         """Keep (or permute) the FFN neurons at storage positions ``neurons[l]``, in that order:
         rows of the first linear, columns of the second (surgery of groups, neuron sorting)."""
-        raise NotImplementedError
 
     @abstractmethod
     def _set_active_ffn(self, counts: list[int]) -> None:
-        raise NotImplementedError
+        """Run the first ``counts[l]`` physical FFN groups of layer l (views of the weights)."""
 
     @abstractmethod
     def ffn_widths(self) -> list[int]:
         """Physical FFN neurons per layer."""
-        raise NotImplementedError
 
     @abstractmethod
     def ffn_activations(self) -> list[nn.Module]:
         """Per layer, the module whose output is the FFN hidden activation (batch, seq, width):
         used to score neurons by gradient x activation on training data."""
-        raise NotImplementedError
 
     @abstractmethod
     def cost_model(self, seq_len: int) -> CostModel:
         """FLOP cost model of the full (unpruned) architecture at ``seq_len`` tokens."""
-        raise NotImplementedError
 
     @abstractmethod
     def lean_unsupported(self, *, routed: bool = False) -> str | None:
@@ -420,7 +412,6 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
         ``routed``: as for :meth:`inference_module`. The runtimes serving through the executor
         (:class:`~budgeted_attention.model.lean.LeanFollower`) ask this and run the module tree
         where it names something."""
-        raise NotImplementedError
 
     @abstractmethod
     def inference_module(self, *, routed: bool = False) -> nn.Module:
@@ -445,7 +436,6 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
             BAAError: "the <family> family's lean executor does not run <feature>", the feature
                 :meth:`lean_unsupported` names.
         """
-        raise NotImplementedError
 
     def library_references(self) -> dict[str, nn.Module]:
         """The unmodified library model users run instead (name -> module called as ``(ids, mask, token_type_ids) -> logits``;
@@ -461,13 +451,11 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
     @abstractmethod
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable architecture (including ``head_ids``) that :meth:`from_description` rebuilds."""
-        raise NotImplementedError
 
     @classmethod
     @abstractmethod
     def from_description(cls, description: dict[str, Any]) -> GatedModel:
         """A model of the described architecture (weights to be loaded afterwards)."""
-        raise NotImplementedError
 
 
 def _unit_index(active_ids: list[list[int]], n_units: int) -> list[torch.Tensor] | None:

@@ -310,11 +310,7 @@ class EncoderClassifier(BlockStack):
         # Without padding the router pools without the mask's ops (the same numbers).
         selections = self.layer_selections(input_ids, None if sdpa_mask is None else attention_mask, budget, gates)
         x = self._hidden_states(input_ids, token_type_ids, sdpa_mask, selections)
-        return self.classifier(self.pool(x, attention_mask))
-
-    def pool(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """(batch, seq, d) -> (batch, d)."""
-        return pool_states(x, attention_mask, self.config.pooling)
+        return self.classifier(pool_states(x, attention_mask, self.config.pooling))
 
     # ------------------------------------------------------------------ family hooks
 

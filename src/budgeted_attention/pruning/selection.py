@@ -53,15 +53,15 @@ class KeptUnits:
     def masks(self, n_heads: int, n_groups: int = 0) -> UnitGates:
         """Full-grid 0/1 masks of the kept heads (n_layers, n_heads) and, when groups are kept,
         FFN groups (n_layers, n_groups)."""
-        heads = torch.zeros(len(self.heads), n_heads)
-        for layer, ids in enumerate(self.heads):
-            heads[layer, ids] = 1.0
-        if self.groups is None:
-            return UnitGates(heads, None)
-        groups = torch.zeros(len(self.groups), n_groups)
-        for layer, ids in enumerate(self.groups):
-            groups[layer, ids] = 1.0
-        return UnitGates(heads, groups)
+        return UnitGates(_mask(self.heads, n_heads), None if self.groups is None else _mask(self.groups, n_groups))
+
+
+def _mask(kept: list[list[int]], n_units: int) -> torch.Tensor:
+    """(n_layers, n_units) 0/1 mask of the kept units of every layer."""
+    mask = torch.zeros(len(kept), n_units)
+    for layer, ids in enumerate(kept):
+        mask[layer, ids] = 1.0
+    return mask
 
 
 @dataclass(frozen=True)
