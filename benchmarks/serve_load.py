@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import os
 import random
@@ -64,7 +65,6 @@ from budgeted_attention.serving.load import (
     BURST_ON_S,
     closed_loop_capacity,
     percentile,
-    records_as_dicts,
     send_open_loop,
     served_budgets,
     summarise,
@@ -284,7 +284,7 @@ async def run(args) -> dict:
                                          "peak_rss_mib": peak, "order": position,
                                          "latency_correction": await latency_correction(client, address)}
                                 if args.keep_records:
-                                    entry["records"] = records_as_dicts(records)
+                                    entry["records"] = [dataclasses.asdict(r) for r in records]
                                 result["trials"].append(entry)
                                 print(f"{arrivals} {load:g}x {mode + label} (repeat {repeat}): attainment {summary['slo_attainment']:.3f}, "
                                       f"effective acc. {summary['effective_accuracy']:.3f}, p95 {summary['p95_ms']}, shed {summary['shed']}, "
@@ -389,12 +389,12 @@ def main() -> None:
     environment = environment_info()  # the code the servers start with, not the tree at the end
     result = asyncio.run(run(args))
     result["wall_time_s"] = time.time() - began
-    run = RunDir(out)
-    write_json_atomic(run.serve_load, result)
-    write_json_atomic(run.results_json, {"rows": [], "wall_time_s": result["wall_time_s"], "kind": "serve_load"})
-    write_json_atomic(run.run_info, {"seeds": [args.seed], "environment": environment,
-                                    "invocations": [{"command": ["python", *sys.argv], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(began))}]})
-    write_text_atomic(run.results_md, "# serve load test\n\n" + serve_load_markdown(result))
+    out_dir = RunDir(out)
+    write_json_atomic(out_dir.serve_load, result)
+    write_json_atomic(out_dir.results_json, {"rows": [], "wall_time_s": result["wall_time_s"], "kind": "serve_load"})
+    write_json_atomic(out_dir.run_info, {"seeds": [args.seed], "environment": environment,
+                                        "invocations": [{"command": ["python", *sys.argv], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(began))}]})
+    write_text_atomic(out_dir.results_md, "# serve load test\n\n" + serve_load_markdown(result))
     plot(result, out / "slo.png")
     print(serve_load_markdown(result))
 

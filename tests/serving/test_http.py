@@ -45,7 +45,7 @@ def server(tiny_run):
     cfg = ServeConfig(budgets=[0.5, 1.0], **FAST, **LIMITS)
     app = create_app(tiny_run, cfg)
     port = free_port()
-    protocol = http.guarded_protocol()
+    protocol = http.GuardedHttpProtocol
     saved = protocol.limits
     protocol.limits = http.HeadLimits.of(cfg)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, http=http.GUARDED_HTTP, log_level="warning", timeout_keep_alive=1)

@@ -40,10 +40,11 @@ from budgeted_attention.rundir import RunDir
 from budgeted_attention.serving import http
 from budgeted_attention.serving.batcher import Batcher, DeadlineExpired, Overloaded
 from budgeted_attention.serving.config import ServeConfig
+from budgeted_attention.serving.errors import EngineUnavailable
 from budgeted_attention.serving.latency import LatencyModel, calibrate
 from budgeted_attention.serving.metrics import ServerMetrics, worker_exited
 from budgeted_attention.serving.process import freeze_garbage_collector, pin_process, server_cpus
-from budgeted_attention.serving.supervisor import FAILED, LOADING, READY, EngineUnavailable, Supervisor
+from budgeted_attention.serving.supervisor import FAILED, LOADING, READY, Supervisor
 
 log = logging.getLogger("budgeted_attention.serve")
 ENV_SETTINGS = "BAA_SERVE_SETTINGS"  # JSON settings for worker processes (baa serve --workers N)
@@ -155,10 +156,6 @@ class ServerState:
         if self.supervisor is None or self.supervisor.state in (LOADING, READY):
             return None
         return self.public(self.supervisor.reason)
-
-    @property
-    def ready(self) -> bool:
-        return self.serving()
 
     def serving(self) -> bool:
         """An engine is ready (``/readyz`` 200); False while it loads or restarts."""
@@ -379,24 +376,25 @@ def create_app(
     def unavailable(message: str) -> JSONResponse:
         return _error(503, message, {"Retry-After": state.retry_after()})
 
+    def refused(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+        """An error answer, counted in the request metrics."""
+        state.metrics.request(status)
+        return _error(status, message, headers)
+
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        status, message = _validation_message(exc, cfg)
-        state.metrics.request(status)
-        return _error(status, message)
+        return refused(*_validation_message(exc, cfg))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # The framework's own refusals (404, 405) in the server's one error shape.
-        state.metrics.request(exc.status_code)
-        return _error(exc.status_code, str(exc.detail), dict(exc.headers or {}))
+        return refused(exc.status_code, str(exc.detail), dict(exc.headers or {}))
 
     @app.exception_handler(Exception)
     async def on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         # A bug, not a bad request: still JSON, still counted (the traceback goes to the log).
         log.exception("baa serve: unexpected error on %s", request.url.path)
-        state.metrics.request(500)
-        return _error(500, f"internal error: {type(exc).__name__}")
+        return refused(500, f"internal error: {type(exc).__name__}")
 
     @app.get("/healthz", responses={503: {"model": ErrorResponse}})
     async def healthz() -> Any:
@@ -436,29 +434,19 @@ def create_app(
     async def classify(body: ClassifyRequest, request: Request) -> Any:
         """Classify texts at ``budget``, within ``latency_ms``, or under the server's policy."""
         arrival = time.perf_counter()
-        problem = _check_limits(body, cfg)
-        if problem:
-            state.metrics.request(problem[0])
-            return _error(*problem)
+        for index, text in enumerate(body.texts):  # too many texts: 413 from the request model already
+            if len(text) > cfg.max_text_chars:
+                return refused(413, f"texts[{index}]: {len(text)} characters, the limit is serve.max_text_chars = {cfg.max_text_chars}")
         if body.budget is not None and body.latency_ms is not None:
-            state.metrics.request(422)
-            return _error(422, "give either budget or latency_ms, not both")
+            return refused(422, "give either budget or latency_ms, not both")
         if not state.serving():
-            state.metrics.request(503)
-            return unavailable(state.failed or "model is loading")
+            return refused(503, state.failed or "model is loading", {"Retry-After": state.retry_after()})
         ids = state.engine.tokenize(body.texts)
         budget = cfg.snap_budget(body.budget) if body.budget is not None else None
         try:
             result = await state.batcher.submit(ids, budget, body.latency_ms)
-        except Overloaded as exc:
-            state.metrics.request(503)
-            return _error(503, str(exc), {"Retry-After": str(exc.retry_after)})
-        except DeadlineExpired as exc:
-            state.metrics.request(503)
-            return _error(503, str(exc), {"Retry-After": "1"})
-        except EngineUnavailable as exc:
-            state.metrics.request(503)
-            return _error(503, state.public(str(exc)), {"Retry-After": str(exc.retry_after)})
+        except (Overloaded, DeadlineExpired, EngineUnavailable) as exc:
+            return refused(503, state.public(str(exc)), {"Retry-After": str(exc.retry_after)})
         if await request.is_disconnected():  # the answer would go nowhere: a disconnect, not a 200
             state.metrics.client_disconnected()
             log.info("baa serve: client disconnected before its answer (POST /v1/classify)")
@@ -487,16 +475,6 @@ def create_app(
         responses={s: {"model": ErrorResponse} for s in (400, 401, 408, 413, 422, 431, 503)},
     )(classify)
     return app
-
-
-def _check_limits(body: ClassifyRequest, cfg: ServeConfig) -> tuple[int, str] | None:
-    """413 for too many or too long texts (the limits of serve.max_texts / serve.max_text_chars)."""
-    if len(body.texts) > cfg.max_texts:
-        return 413, f"texts: {len(body.texts)} texts, the limit is serve.max_texts = {cfg.max_texts}"
-    for index, text in enumerate(body.texts):
-        if len(text) > cfg.max_text_chars:
-            return 413, f"texts[{index}]: {len(text)} characters, the limit is serve.max_text_chars = {cfg.max_text_chars}"
-    return None
 
 
 def app_from_env() -> FastAPI:

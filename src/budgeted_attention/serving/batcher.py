@@ -49,6 +49,8 @@ class Overloaded(Exception):
 class DeadlineExpired(Exception):
     """The request's deadline passed before it could run."""
 
+    retry_after = 1
+
 
 class Runner(Protocol):
     """What the batcher needs of the engine: run token ids at a budget, return probabilities."""
@@ -120,7 +122,6 @@ class Batcher:
         self.observer = observer
         self.queue: deque[Job] = deque()
         self.queued_texts = 0
-        self.budget_in_use: float | None = None
         self._recent: deque[tuple[float, int]] = deque()  # (arrival ms, texts) within arrival_window_ms
         self._wake = asyncio.Event()
         self._stopping = False
@@ -368,7 +369,6 @@ class Batcher:
     async def _run(self, jobs: list[Job], budget: float) -> None:
         ids = [x for job in jobs for x in job.ids]
         start = now_ms()
-        self.budget_in_use = budget
         probabilities = await asyncio.get_running_loop().run_in_executor(self._executor, self.runner.run, ids, budget)
         elapsed = now_ms() - start
         self.latency.observe(budget, len(ids), max(len(x) for x in ids), elapsed)

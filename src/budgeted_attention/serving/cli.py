@@ -18,7 +18,6 @@ from typing import Any
 from budgeted_attention.config import apply_overrides, from_dict, load_yaml
 from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.rundir import RunDir
-from budgeted_attention.model.registry import families_with, get_family
 from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.http import ENV_LIMITS, GUARDED_HTTP, HeadLimits
 
@@ -96,8 +95,8 @@ def preflight(run_dir: str, cfg: ServeConfig, seed: int | None, onnx_dir: str | 
     loader: no run directory, no budgeted-hard checkpoint or ranking, weights that fail their hash,
     no tokenizer or another run's tokenizer or labels, missing graphs."""
     from budgeted_attention.checkpoint import checkpoint_paths, parse_ranking, read_description, verify_artifacts  # noqa: PLC0415 - torch
-    from budgeted_attention.export.onnx import graph_path  # noqa: PLC0415 - onnx is optional
     from budgeted_attention.io import sha256_file  # noqa: PLC0415 - with the checkpoint imports
+    from budgeted_attention.serving.engine import check_classifier, check_graphs, floor_budget, validation_accuracy  # noqa: PLC0415 - torch
 
     run, checkpoint = RunDir.locate(run_dir, seed, command="baa experiment")
     description = read_description(checkpoint)
@@ -107,21 +106,14 @@ def preflight(run_dir: str, cfg: ServeConfig, seed: int | None, onnx_dir: str | 
         raise CheckpointError(f"checkpoint weights not found: '{weights}'")
     if sha256_file(weights) != description.get("weights_sha256"):
         raise CheckpointError(f"'{weights}' does not match '{meta}' (SHA-256 differs: truncated, corrupted or from another checkpoint)")
-    if not get_family(description["family"]).supports("classify"):
-        raise CheckpointError(f"'{checkpoint}' is a {description['family']!r} model; baa serve classifies texts ({', '.join(families_with('classify'))} runs)")
+    check_classifier(checkpoint, description["family"])
     if not run.tokenizer.is_file():
         raise CheckpointError(f"no {RunDir.tokenizer.name} in '{run.path}' (baa serve needs the run's tokenizer)")
     verify_artifacts(checkpoint, description, run.path)
     if cfg.min_accuracy > 0:
-        from budgeted_attention.serving.engine import floor_budget, validation_accuracy  # noqa: PLC0415 - torch and the data only with min_accuracy
-
         floor_budget(cfg, validation_accuracy(run.path, int(description.get("seed", seed or 0))))
     if cfg.backend == "onnxruntime":
-        graphs = Path(onnx_dir) if onnx_dir else run.onnx_dir
-        missing = [b for b in cfg.budgets if not graph_path(graphs, b).is_file()]
-        if missing:
-            budgets = ",".join(f"{b:g}" for b in cfg.budgets)
-            raise ConfigError(f"no ONNX graph for budgets {missing} in '{graphs}' (run 'baa export {run_dir} --budget {budgets}' first)")
+        check_graphs(Path(onnx_dir) if onnx_dir else run.onnx_dir, cfg.budgets, run_dir)
 
 
 def serve(args: argparse.Namespace) -> None:

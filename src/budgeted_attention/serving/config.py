@@ -14,6 +14,18 @@ from budgeted_attention.serving.process import check_cpus
 
 BACKENDS = ("torch", "onnxruntime")
 POLICIES = ("slo", "fixed")
+# The bounds of the numeric and boolean settings, checked by key in ServeConfig.__post_init__.
+FLOAT_BOUNDS: dict[str, dict[str, float]] = {
+    "default_budget": {"gt": 0.0, "le": 1.0}, "target_p95_ms": {"gt": 0.0}, "min_budget": {"gt": 0.0, "le": 1.0},
+    "min_accuracy": {"ge": 0.0, "le": 1.0}, "max_wait_ms": {"ge": 0.0}, "arrival_window_ms": {"ge": 0.0},
+    "arrival_memory_ms": {"ge": 0.0}, "header_timeout_s": {"gt": 0.0}, "body_timeout_s": {"gt": 0.0}, "keep_alive_s": {"gt": 0.0},
+    "heartbeat_s": {"gt": 0.0}, "shutdown_timeout_s": {"ge": 0.0}, "watchdog_factor": {"ge": 1.0}, "watchdog_min_ms": {"gt": 0.0},
+}
+INT_MINIMUMS = {
+    "max_batch_size": 1, "max_texts": 1, "max_text_chars": 1, "max_queue": 1, "threads": 1, "warmup_batches": 0,
+    "calibration_seq_len": 0, "max_body_bytes": 0, "max_headers": 1, "max_header_bytes": 256, "max_connections": 1, "max_restarts": 1,
+}
+BOOLS = ("shed_expired", "deadline_batching", "engine_process", "freeze_gc", "auth_probes", "expose_paths")
 
 
 @dataclass
@@ -147,53 +159,28 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         """Check every value, naming ``serve.<key>``."""
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"serve.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.policy not in POLICIES:
-            raise ConfigError(f"serve.policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        for key, choices in (("backend", BACKENDS), ("policy", POLICIES)):
+            if getattr(self, key) not in choices:
+                raise ConfigError(f"serve.{key} must be one of {', '.join(choices)}, got {getattr(self, key)!r}")
         self.budgets = sorted(check_budgets(self.budgets, "serve.budgets"))
-        self.default_budget = check_float(self.default_budget, "serve.default_budget", gt=0.0, le=1.0)
-        self.target_p95_ms = check_float(self.target_p95_ms, "serve.target_p95_ms", gt=0.0)
-        self.min_budget = check_float(self.min_budget, "serve.min_budget", gt=0.0, le=1.0)
-        self.min_accuracy = check_float(self.min_accuracy, "serve.min_accuracy", ge=0.0, le=1.0)
+        for key, bounds in FLOAT_BOUNDS.items():
+            setattr(self, key, check_float(getattr(self, key), f"serve.{key}", **bounds))
+        for key, least in INT_MINIMUMS.items():
+            check_int(getattr(self, key), f"serve.{key}", ge=least)
+        for key in BOOLS:
+            check_bool(getattr(self, key), f"serve.{key}")
         if self.min_budget > self.budgets[-1]:
             raise ConfigError(f"serve.min_budget ({self.min_budget}) is above every budget in serve.budgets {self.budgets}")
-        check_int(self.max_batch_size, "serve.max_batch_size", ge=1)
-        self.max_wait_ms = check_float(self.max_wait_ms, "serve.max_wait_ms", ge=0.0)
-        self.arrival_window_ms = check_float(self.arrival_window_ms, "serve.arrival_window_ms", ge=0.0)
-        self.arrival_memory_ms = check_float(self.arrival_memory_ms, "serve.arrival_memory_ms", ge=0.0)
-        check_int(self.max_texts, "serve.max_texts", ge=1)
-        check_int(self.max_text_chars, "serve.max_text_chars", ge=1)
-        check_int(self.max_queue, "serve.max_queue", ge=1)
         if self.max_queue < self.max_texts:
             raise ConfigError(f"serve.max_queue ({self.max_queue}) must hold one full request (serve.max_texts = {self.max_texts})")
-        check_bool(self.shed_expired, "serve.shed_expired")
-        check_bool(self.deadline_batching, "serve.deadline_batching")
-        check_int(self.threads, "serve.threads", ge=1)
-        check_bool(self.engine_process, "serve.engine_process")
-        check_bool(self.freeze_gc, "serve.freeze_gc")
         self.engine_cpus = check_cpus(check_int_list(self.engine_cpus, "serve.engine_cpus", ge=0, allow_empty=True), "serve.engine_cpus")
         if self.engine_cpus and not self.engine_process:
             raise ConfigError(f"serve.engine_cpus ({self.engine_cpus}) pins the engine process: it needs serve.engine_process: true")
-        check_int(self.warmup_batches, "serve.warmup_batches", ge=0)
         sizes = check_int_list(self.calibration_batch_sizes, "serve.calibration_batch_sizes", ge=1)
         self.calibration_batch_sizes = sorted({min(s, self.max_batch_size) for s in sizes} | {1, self.max_batch_size})
-        check_int(self.calibration_seq_len, "serve.calibration_seq_len", ge=0)
-        check_int(self.max_body_bytes, "serve.max_body_bytes", ge=0)
-        check_int(self.max_headers, "serve.max_headers", ge=1)
-        check_int(self.max_header_bytes, "serve.max_header_bytes", ge=256)
-        check_int(self.max_connections, "serve.max_connections", ge=1)
-        for key in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "heartbeat_s"):
-            setattr(self, key, check_float(getattr(self, key), f"serve.{key}", gt=0.0))
-        self.shutdown_timeout_s = check_float(self.shutdown_timeout_s, "serve.shutdown_timeout_s", ge=0.0)
-        self.watchdog_factor = check_float(self.watchdog_factor, "serve.watchdog_factor", ge=1.0)
-        self.watchdog_min_ms = check_float(self.watchdog_min_ms, "serve.watchdog_min_ms", gt=0.0)
-        check_int(self.max_restarts, "serve.max_restarts", ge=1)
         if not isinstance(self.allowed_hosts, list):
             raise ConfigError(f"serve.allowed_hosts must be a list of host names, got {self.allowed_hosts!r}")
         self.allowed_hosts = [check_str(h, "serve.allowed_hosts", allow_empty=False).lower() for h in self.allowed_hosts]
-        check_bool(self.auth_probes, "serve.auth_probes")
-        check_bool(self.expose_paths, "serve.expose_paths")
 
     def body_limit(self) -> int:
         """Bytes a request body may have: ``max_body_bytes``, or when 0 the largest valid request,

@@ -23,7 +23,6 @@ from tokenizers import Tokenizer
 from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description, verify_artifacts
 from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.model.registry import families_with, get_family
-from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.switching import SlicedModel
 from budgeted_attention.rundir import RunDir
 from budgeted_attention.serving.config import ServeConfig
@@ -46,9 +45,20 @@ class Prediction:
     n_tokens: int
 
 
-def kept_cost(ranking: Ranking, budget: float) -> float:
-    """Fraction of the budgeted FLOPs the hard model at ``budget`` keeps (heads, or heads and FFN groups)."""
-    return float(ranking.kept_cost(budget))
+def check_classifier(checkpoint: Path, family: str) -> None:
+    """CheckpointError unless ``family`` (a checkpoint's model family) classifies texts."""
+    if not get_family(family).supports("classify"):
+        raise CheckpointError(f"'{checkpoint}' is a {family!r} model; baa serve classifies texts ({', '.join(families_with('classify'))} runs)")
+
+
+def check_graphs(onnx_dir: Path, budgets: list[float], run_dir: str | Path) -> None:
+    """ConfigError unless ``onnx_dir`` holds the ONNX graph of every budget (``baa export`` writes them)."""
+    from budgeted_attention.export.onnx import graph_path  # noqa: PLC0415 - onnx is optional
+
+    missing = [b for b in budgets if not graph_path(onnx_dir, b).is_file()]
+    if missing:
+        listed = ",".join(f"{b:g}" for b in budgets)
+        raise ConfigError(f"no ONNX graph for budgets {missing} in '{onnx_dir}' (run 'baa export {run_dir} --budget {listed}' first)")
 
 
 def run_labels(run_dir: Path, n_classes: int) -> list[str]:
@@ -131,10 +141,8 @@ def load_tokenizer(folder: Path, max_len: int) -> tuple[Tokenizer, int]:
 class EngineInfo:
     """What the server needs of an engine besides the model call: the tokenizer, labels, budgets'
     costs and validation accuracy, the floor and ``/v1/info``. Shared by :class:`Engine` (the model
-    in this process) and :class:`~budgeted_attention.serving.remote.RemoteEngine` (in a child).
-
-    Attributes set by subclasses: ``run_dir``, ``cfg``, ``checkpoint``, ``seed``, ``family``,
-    ``max_len``, ``n_classes``, ``labels``, ``val_accuracy``, ``costs``, ``tokenizer``, ``pad_id``.
+    in this process) and :class:`~budgeted_attention.serving.remote.RemoteEngine` (in a child),
+    which set the attributes below.
     """
 
     run_dir: Path
@@ -165,16 +173,16 @@ class EngineInfo:
         """Token ids of each text, truncated to the model's ``max_len``, unpadded."""
         return [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
 
-    def run(self, ids: list[list[int]], budget: float, pad_to: int = 0) -> torch.Tensor:  # pragma: no cover - abstract
+    def run(self, ids: list[list[int]], budget: float) -> torch.Tensor:  # pragma: no cover - abstract
         """(batch, n_classes) class probabilities of token ids at ``budget`` (a configured budget)."""
         raise NotImplementedError
 
-    def classify(self, texts: list[str], budget: float, pad_to: int = 0) -> Prediction:
+    def classify(self, texts: list[str], budget: float) -> Prediction:
         """Class probabilities of ``texts`` at ``budget``, timed (tokenisation included)."""
         start = time.perf_counter()
         ids = self.tokenize(texts)
-        probabilities = self.run(ids, budget, pad_to)
-        return Prediction(probabilities, budget, time.perf_counter() - start, max(pad_to, max(len(x) for x in ids)))
+        probabilities = self.run(ids, budget)
+        return Prediction(probabilities, budget, time.perf_counter() - start, max(len(x) for x in ids))
 
     def min_allowed_budget(self) -> float:
         """The SLO policy's floor (:func:`floor_budget`)."""
@@ -219,8 +227,7 @@ class Engine(EngineInfo):
         self.checkpoint = checkpoint
         self.seed = int(description.get("seed", seed or 0))
         model, description = load_model(checkpoint)
-        if not get_family(model.family).supports("classify"):
-            raise CheckpointError(f"'{checkpoint}' is a {model.family!r} model; baa serve classifies texts ({', '.join(families_with('classify'))} runs)")
+        check_classifier(checkpoint, model.family)
         self.ranking = load_ranking(checkpoint, description, model)
         self.family = model.family
         self.first_ordinary_id = model.first_ordinary_id()
@@ -230,7 +237,7 @@ class Engine(EngineInfo):
         self.n_classes = int(self._n_classes(model))
         self.labels = run_labels(self.folder(), self.n_classes)
         self.val_accuracy = validation_accuracy(self.run_dir, self.seed) if self.run_dir.is_dir() else {}
-        self.costs = {b: kept_cost(self.ranking, b) for b in cfg.budgets}
+        self.costs = {b: float(self.ranking.kept_cost(b)) for b in cfg.budgets}  # the budgeted FLOPs kept
         torch.set_num_threads(cfg.threads)
         self.sliced: SlicedModel | None = None
         self.sessions: dict[float, Any] = {}
@@ -254,19 +261,14 @@ class Engine(EngineInfo):
     def _load_onnx(self, onnx_dir: Path) -> None:
         from budgeted_attention.export.onnx import graph_path, make_session  # noqa: PLC0415 - the onnxruntime backend only
 
-        missing = [b for b in self.cfg.budgets if not graph_path(onnx_dir, b).is_file()]
-        if missing:
-            raise ConfigError(
-                f"--backend onnxruntime needs one graph per budget in '{onnx_dir}'; missing {missing} "
-                f"(run 'baa export {self.run_dir} --budgets {','.join(str(b) for b in self.cfg.budgets)}')"
-            )
+        check_graphs(onnx_dir, self.cfg.budgets, self.run_dir)
         self.sessions = {b: make_session(graph_path(onnx_dir, b), self.cfg.threads) for b in self.cfg.budgets}
 
     # ------------------------------------------------------------------ inference
 
-    def pad(self, ids: list[list[int]], pad_to: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """(batch, seq) token ids and attention mask, right-padded to the longest text (or ``pad_to``)."""
-        length = max(pad_to, max(len(x) for x in ids))
+    def pad(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(batch, seq) token ids and attention mask, right-padded to the longest text."""
+        length = max(len(x) for x in ids)
         batch = torch.full((len(ids), length), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(ids), length), dtype=torch.long)
         for row, tokens in enumerate(ids):
@@ -274,9 +276,9 @@ class Engine(EngineInfo):
             mask[row, : len(tokens)] = 1
         return batch, mask
 
-    def run(self, ids: list[list[int]], budget: float, pad_to: int = 0) -> torch.Tensor:
+    def run(self, ids: list[list[int]], budget: float) -> torch.Tensor:
         """(batch, n_classes) class probabilities of token ids at ``budget`` (a configured budget)."""
-        input_ids, mask = self.pad(ids, pad_to)
+        input_ids, mask = self.pad(ids)
         if self.sliced is not None:
             with torch.inference_mode():
                 if self.sliced.budget != budget:

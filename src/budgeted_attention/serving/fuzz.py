@@ -10,20 +10,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from hypothesis import strategies as st
+
 
 def texts(max_size: int):
     """Strings of any code point: lone surrogates (which JSON can carry as ``"\\ud800"`` but no
     tokenizer takes), control characters and NUL included, not just hypothesis' default alphabet."""
-    from hypothesis import strategies as st  # noqa: PLC0415 - hypothesis is a test dependency
-
     awkward = st.sampled_from(["\ud800", "\udfff", "\x00", "\x1b", "\u202e", "\ufeff", "\U0010ffff"])
     return st.text(st.characters(codec=None, exclude_categories=()) | awkward, max_size=max_size)
 
 
 def json_values():
     """Any JSON value (NaN and infinities included, which strict JSON forbids)."""
-    from hypothesis import strategies as st  # noqa: PLC0415 - hypothesis is a test dependency
-
     scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | texts(20)
     return st.recursive(
         scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=10
@@ -34,8 +32,6 @@ def request_bodies(schema: dict[str, Any] | None = None):
     """Bodies built from the request schema's properties (``texts``, ``budget``, ``latency_ms``
     unless ``schema`` names others), each present or absent, valid or of any other type, plus an
     unknown field, plus any JSON document."""
-    from hypothesis import strategies as st  # noqa: PLC0415 - hypothesis is a test dependency
-
     properties = list((schema or {}).get("properties", {})) or ["texts", "budget", "latency_ms"]
     anything = json_values()
     typed = {

@@ -34,6 +34,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
 log = logging.getLogger("budgeted_attention.serve")
 
 ENV_LIMITS = "BAA_HTTP_LIMITS"  # JSON HeadLimits for uvicorn's protocol in every worker process
@@ -108,202 +111,195 @@ TOO_LARGE = "Request Header Fields Too Large"
 IDLE, HEAD, BODY = "idle", "head", "body"  # where a connection's parser is
 
 
-def make_guarded_protocol() -> type:
+class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the request head and body bounded (see the module docstring)."""
-    # Imported here: the class derives from uvicorn's, and only the server process needs uvicorn.
-    import httptools  # noqa: PLC0415 - the class derives from uvicorn's: built on first use, in the server process only
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: PLC0415 - as above
 
-    class GuardedHttpProtocol(HttpToolsProtocol):
-        limits: HeadLimits | None = None
+    limits: HeadLimits | None = None
 
-        @classmethod
-        def head_limits(cls) -> HeadLimits:
-            if cls.limits is None:
-                cls.limits = HeadLimits.from_env()
-            return cls.limits
+    @classmethod
+    def head_limits(cls) -> HeadLimits:
+        if cls.limits is None:
+            cls.limits = HeadLimits.from_env()
+        return cls.limits
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            # uvicorn's own check of limit_concurrency (serve.max_connections) answers in plain text
-            # and counts a connection already at the limit as over it: this protocol checks instead.
-            self.max_connections, self.limit_concurrency = self.limit_concurrency, None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn's own check of limit_concurrency (serve.max_connections) answers in plain text
+        # and counts a connection already at the limit as over it: this protocol checks instead.
+        self.max_connections, self.limit_concurrency = self.limit_concurrency, None
 
-        def connection_made(self, transport) -> None:  # noqa: ANN001 - asyncio's signature
-            super().connection_made(transport)
-            self._lingering, self._dropped, self._head_timer = False, 0, None
-            # Where the parser is: between messages (IDLE), in a request head (HEAD), in its body (BODY).
-            self._phase, self._begins = IDLE, 0
-            self._head_bytes, self._head_lines, self._parsed_head, self._body_bytes = 0, 0, 0, 0
-            if self.max_connections is not None and len(self.connections) > self.max_connections:
-                self._over_capacity()
-                return
-            self._time_head()
+    def connection_made(self, transport) -> None:  # noqa: ANN001 - asyncio's signature
+        super().connection_made(transport)
+        self._lingering, self._dropped, self._head_timer = False, 0, None
+        # Where the parser is: between messages (IDLE), in a request head (HEAD), in its body (BODY).
+        self._phase, self._begins = IDLE, 0
+        self._head_bytes, self._head_lines, self._parsed_head, self._body_bytes = 0, 0, 0, 0
+        if self.max_connections is not None and len(self.connections) > self.max_connections:
+            self._over_capacity()
+            return
+        self._time_head()
 
-        def _over_capacity(self) -> None:
-            """Too many connections open: answer 503 and close at once (each one holds a file descriptor)."""
-            global _CAPACITY_LOGGED  # noqa: PLW0603
-            if _OBSERVER:
-                _OBSERVER[-1](503)
-            if time.monotonic() - _CAPACITY_LOGGED > 10.0:  # one line per 10 s, not one per refused connection
-                _CAPACITY_LOGGED = time.monotonic()
-                log.warning("baa serve: 503: %d connections open, refusing more (serve.max_connections = %d)", len(self.connections) - 1, self.max_connections)
-            self._lingering = True
-            self.transport.write(raw_response(503, "Service Unavailable", f"too many connections (serve.max_connections = {self.max_connections})",
-                                              [("retry-after", "1")]))
+    def _over_capacity(self) -> None:
+        """Too many connections open: answer 503 and close at once (each one holds a file descriptor)."""
+        global _CAPACITY_LOGGED  # noqa: PLW0603
+        if _OBSERVER:
+            _OBSERVER[-1](503)
+        if time.monotonic() - _CAPACITY_LOGGED > 10.0:  # one line per 10 s, not one per refused connection
+            _CAPACITY_LOGGED = time.monotonic()
+            log.warning("baa serve: 503: %d connections open, refusing more (serve.max_connections = %d)", len(self.connections) - 1, self.max_connections)
+        self._lingering = True
+        self.transport.write(raw_response(503, "Service Unavailable", f"too many connections (serve.max_connections = {self.max_connections})",
+                                          [("retry-after", "1")]))
+        self.transport.close()
+
+    def _time_head(self) -> None:
+        """The next request head must be complete within header_timeout_s from now."""
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(self.head_limits().header_timeout_s, self._head_timed_out)
+
+    def _head_timed_out(self) -> None:
+        if self.transport.is_closing() or self._lingering:
+            return
+        if self._phase == HEAD:  # a client that started a request and stalled (slow loris)
+            self._refuse(408, "Request Timeout", f"request head not complete within {self.head_limits().header_timeout_s:g} s")
+        elif self._phase == IDLE and not self.pipeline and (self.cycle is None or self.cycle.response_complete):
+            self.transport.close()  # an idle connection that sent nothing: close without an answer
+
+    def _linger(self) -> None:
+        """Half-close and drop what still arrives (for LINGER_S at most, LINGER_BYTES at most)."""
+        self._lingering = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.flow.resume_reading()
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
             self.transport.close()
 
-        def _time_head(self) -> None:
-            """The next request head must be complete within header_timeout_s from now."""
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-            self._head_timer = self.loop.call_later(self.head_limits().header_timeout_s, self._head_timed_out)
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        """Answer ``status`` with a JSON error, half-close, and drop what still arrives."""
+        if self._lingering or self.transport.is_closing():
+            return
+        log.warning("baa serve: %s from %s: %s", status, self.client[0] if self.client else "?", message)
+        if _OBSERVER:
+            _OBSERVER[-1](status)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            self.scope["baa.refused"] = status  # the ASGI guard: this disconnect is ours, not the client's
+            cycle.disconnected = True  # the application's later answer goes nowhere
+            cycle.message_event.set()
+        self.transport.write(raw_response(status, reason, message, [("retry-after", "1")] if status == 503 else []))
+        self._linger()
 
-        def _head_timed_out(self) -> None:
-            if self.transport.is_closing() or self._lingering:
-                return
-            if self._phase == HEAD:  # a client that started a request and stalled (slow loris)
-                self._refuse(408, "Request Timeout", f"request head not complete within {self.head_limits().header_timeout_s:g} s")
-            elif self._phase == IDLE and not self.pipeline and (self.cycle is None or self.cycle.response_complete):
-                self.transport.close()  # an idle connection that sent nothing: close without an answer
-
-        def _linger(self) -> None:
-            """Half-close and drop what still arrives (for LINGER_S at most, LINGER_BYTES at most)."""
-            self._lingering = True
-            if self.transport.can_write_eof():
-                self.transport.write_eof()
-                self.flow.resume_reading()
-                self.loop.call_later(LINGER_S, self.transport.close)
-            else:
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            self._dropped += len(data)
+            if self._dropped > LINGER_BYTES:
                 self.transport.close()
+            return
+        self._unset_keepalive_if_required()
+        before, self._begins = self._phase, 0
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            refused = exc.__context__ if isinstance(exc.__context__, _Refused) else None
+            if refused is None:
+                self._refuse(400, "Bad Request", "invalid HTTP request")
+            else:
+                self._refuse(refused.status, refused.reason, refused.message)
+            return
+        except httptools.HttpParserUpgrade:
+            self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError as exc:  # uvicorn answers these in text: ours are JSON
+            self._refuse(400, "Bad Request", f"invalid HTTP request ({str(exc)[:80]})")
+            return
+        if self._phase != HEAD:
+            return
+        # A head still arriving: count the raw bytes too (a header value is only parsed once it
+        # is whole, and a 20 MB one must be refused before that). Only when every byte of this
+        # chunk is the head's; when the head began after another message's bytes in it, its
+        # parsed part is counted (on_url, on_header) and the raw count starts with the next chunk.
+        if (before == HEAD and self._begins == 0) or (before == IDLE and self._begins == 1):
+            self._head_bytes += len(data)
+        limit = self.head_limits().max_header_bytes
+        if self._head_bytes > limit:
+            self._refuse(431, TOO_LARGE, f"request head over {limit} bytes (serve.max_header_bytes)")
 
-        def _refuse(self, status: int, reason: str, message: str) -> None:
-            """Answer ``status`` with a JSON error, half-close, and drop what still arrives."""
-            if self._lingering or self.transport.is_closing():
-                return
-            log.warning("baa serve: %s from %s: %s", status, self.client[0] if self.client else "?", message)
-            if _OBSERVER:
-                _OBSERVER[-1](status)
-            cycle = self.cycle
-            if cycle is not None and not cycle.response_complete:
-                self.scope["baa.refused"] = status  # the ASGI guard: this disconnect is ours, not the client's
-                cycle.disconnected = True  # the application's later answer goes nowhere
-                cycle.message_event.set()
-            self.transport.write(raw_response(status, reason, message, [("retry-after", "1")] if status == 503 else []))
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._phase, self._begins = HEAD, self._begins + 1
+        self._head_bytes, self._head_lines, self._parsed_head, self._body_bytes = 0, 0, 0, 0
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._count(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_lines += 1
+        if self._head_lines > self.head_limits().max_headers:
+            raise _Refused(431, TOO_LARGE, f"more than {self.head_limits().max_headers} header lines (serve.max_headers)")
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _count(self, n: int) -> None:
+        self._parsed_head += n
+        limit = self.head_limits().max_header_bytes
+        if self._parsed_head > limit:
+            raise _Refused(431, TOO_LARGE, f"request head over {limit} bytes (serve.max_header_bytes)")
+
+    def on_headers_complete(self) -> None:
+        self._phase = BODY  # from here on the bytes are this message's body, not a head
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        if self.max_connections is not None and len(self.tasks) >= self.max_connections:
+            raise _Refused(503, "Service Unavailable", f"too many requests in progress (serve.max_connections = {self.max_connections})")
+        limit = self.head_limits().max_body_bytes
+        declared = dict(self.headers).get(b"content-length", b"")
+        if limit and declared.isdigit() and int(declared) > limit:  # refused before the app sees it
+            raise _Refused(413, "Content Too Large", f"body of {int(declared)} bytes, the limit is serve.max_body_bytes = {limit}")
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if self._lingering:
+            return
+        self._body_bytes += len(body)
+        limit = self.head_limits().max_body_bytes
+        if limit and self._body_bytes > limit:
+            raise _Refused(413, "Content Too Large", f"body over the limit serve.max_body_bytes = {limit} bytes")
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._phase = IDLE
+        if not self._lingering:
+            super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        queued = bool(self.pipeline)  # a pipelined request whose head is in: it starts now
+        super().on_response_complete()
+        if self.transport.is_closing() or self._lingering or queued:
+            return
+        if self._phase == BODY:
+            # Answered before its body was read (a GET with a body): drop the rest and close,
+            # rather than parse the rest as the next request or answer it twice.
             self._linger()
+            return
+        self._time_head()  # the next request on this keep-alive connection (perhaps already arriving)
 
-        def data_received(self, data: bytes) -> None:
-            if self._lingering:
-                self._dropped += len(data)
-                if self._dropped > LINGER_BYTES:
-                    self.transport.close()
-                return
-            self._unset_keepalive_if_required()
-            before, self._begins = self._phase, 0
-            try:
-                self.parser.feed_data(data)
-            except httptools.HttpParserCallbackError as exc:
-                refused = exc.__context__ if isinstance(exc.__context__, _Refused) else None
-                if refused is None:
-                    self._refuse(400, "Bad Request", "invalid HTTP request")
-                else:
-                    self._refuse(refused.status, refused.reason, refused.message)
-                return
-            except httptools.HttpParserUpgrade:
-                self._unsupported_upgrade_warning()
-                return
-            except httptools.HttpParserError as exc:  # uvicorn answers these in text: ours are JSON
-                self._refuse(400, "Bad Request", f"invalid HTTP request ({str(exc)[:80]})")
-                return
-            if self._phase != HEAD:
-                return
-            # A head still arriving: count the raw bytes too (a header value is only parsed once it
-            # is whole, and a 20 MB one must be refused before that). Only when every byte of this
-            # chunk is the head's; when the head began after another message's bytes in it, its
-            # parsed part is counted (on_url, on_header) and the raw count starts with the next chunk.
-            if (before == HEAD and self._begins == 0) or (before == IDLE and self._begins == 1):
-                self._head_bytes += len(data)
-            limit = self.head_limits().max_header_bytes
-            if self._head_bytes > limit:
-                self._refuse(431, TOO_LARGE, f"request head over {limit} bytes (serve.max_header_bytes)")
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        super().connection_lost(exc)
 
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._phase, self._begins = HEAD, self._begins + 1
-            self._head_bytes, self._head_lines, self._parsed_head, self._body_bytes = 0, 0, 0, 0
-
-        def on_url(self, url: bytes) -> None:
-            super().on_url(url)
-            self._count(len(url))
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._head_lines += 1
-            if self._head_lines > self.head_limits().max_headers:
-                raise _Refused(431, TOO_LARGE, f"more than {self.head_limits().max_headers} header lines (serve.max_headers)")
-            self._count(len(name) + len(value) + 4)
-            super().on_header(name, value)
-
-        def _count(self, n: int) -> None:
-            self._parsed_head += n
-            limit = self.head_limits().max_header_bytes
-            if self._parsed_head > limit:
-                raise _Refused(431, TOO_LARGE, f"request head over {limit} bytes (serve.max_header_bytes)")
-
-        def on_headers_complete(self) -> None:
-            self._phase = BODY  # from here on the bytes are this message's body, not a head
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-            if self.max_connections is not None and len(self.tasks) >= self.max_connections:
-                raise _Refused(503, "Service Unavailable", f"too many requests in progress (serve.max_connections = {self.max_connections})")
-            limit = self.head_limits().max_body_bytes
-            declared = dict(self.headers).get(b"content-length", b"")
-            if limit and declared.isdigit() and int(declared) > limit:  # refused before the app sees it
-                raise _Refused(413, "Content Too Large", f"body of {int(declared)} bytes, the limit is serve.max_body_bytes = {limit}")
-            super().on_headers_complete()
-
-        def on_body(self, body: bytes) -> None:
-            if self._lingering:
-                return
-            self._body_bytes += len(body)
-            limit = self.head_limits().max_body_bytes
-            if limit and self._body_bytes > limit:
-                raise _Refused(413, "Content Too Large", f"body over the limit serve.max_body_bytes = {limit} bytes")
-            super().on_body(body)
-
-        def on_message_complete(self) -> None:
-            self._phase = IDLE
-            if not self._lingering:
-                super().on_message_complete()
-
-        def on_response_complete(self) -> None:
-            queued = bool(self.pipeline)  # a pipelined request whose head is in: it starts now
-            super().on_response_complete()
-            if self.transport.is_closing() or self._lingering or queued:
-                return
-            if self._phase == BODY:
-                # Answered before its body was read (a GET with a body): drop the rest and close,
-                # rather than parse the rest as the next request or answer it twice.
-                self._linger()
-                return
-            self._time_head()  # the next request on this keep-alive connection (perhaps already arriving)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-            super().connection_lost(exc)
-
-        def shutdown(self) -> None:
-            cycle = self.cycle
-            if cycle is not None and not cycle.response_complete and not cycle.response_started and cycle.more_body:
-                # The body is still arriving: answer now rather than hold the exit until it does.
-                self._refuse(503, "Service Unavailable", "server is shutting down")
-                return
-            super().shutdown()
-
-    return GuardedHttpProtocol
+    def shutdown(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and not cycle.response_started and cycle.more_body:
+            # The body is still arriving: answer now rather than hold the exit until it does.
+            self._refuse(503, "Service Unavailable", "server is shutting down")
+            return
+        super().shutdown()
 
 
-_PROTOCOL: type | None = None
 _CAPACITY_LOGGED = 0.0  # when the last "too many connections" line was logged
 _OBSERVER: list[Callable[[int], None]] = []  # counts the protocol's refusals: the latest app's metrics
 
@@ -311,23 +307,11 @@ _OBSERVER: list[Callable[[int], None]] = []  # counts the protocol's refusals: t
 def guarded_protocol_observer(count: Callable[[int], None]) -> None:
     """Count the refusals of the request-head checks with ``count`` (called with the status)."""
     _OBSERVER[:] = [count]
-# What ``uvicorn.run(http=...)`` is given: an import string, so worker processes build the class
-# themselves (through the module ``__getattr__`` below) instead of unpickling it.
+
+
+# What ``uvicorn.run(http=...)`` is given: an import string, so worker processes import the class
+# themselves instead of unpickling it.
 GUARDED_HTTP = "budgeted_attention.serving.http:GuardedHttpProtocol"
-
-
-def guarded_protocol() -> type:
-    """The protocol class (built once per process, so the class-level limits are shared)."""
-    global _PROTOCOL  # noqa: PLW0603
-    if _PROTOCOL is None:
-        _PROTOCOL = make_guarded_protocol()
-    return _PROTOCOL
-
-
-def __getattr__(name: str) -> Any:
-    if name == "GuardedHttpProtocol":
-        return guarded_protocol()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------- the ASGI guard
@@ -454,12 +438,7 @@ class RequestGuard:
             # uvicorn's text 500, and end the task normally (one log line, no traceback).
             log.warning("baa serve: %s %s cancelled by the shutdown", scope["method"], scope["path"])
             if not started:
-                self.count(503)
-                body = error_body("server is shutting down")
-                await send({"type": "http.response.start", "status": 503,
-                            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                        (b"connection", b"close"), (b"retry-after", b"1")]})
-                await send({"type": "http.response.body", "body": body})
+                await self._refuse(send, 503, "server is shutting down", [(b"retry-after", b"1")])
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

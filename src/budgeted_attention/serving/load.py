@@ -19,7 +19,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from budgeted_attention.serving.config import snap_to
@@ -162,10 +162,6 @@ def summarise(records: list[Record], deadline_ms: float, seconds: float) -> dict
         "budget_counts": {f"{b:g}": budgets.count(b) for b in sorted(set(budgets))},
         "server_queue_p95_ms": percentile([r.queue_ms for r in answered if r.queue_ms is not None], 95),
     }
-
-
-def records_as_dicts(records: list[Record]) -> list[dict[str, Any]]:
-    return [asdict(r) for r in records]
 
 
 def served_budgets(asked: list[float], served: list[float]) -> tuple[list[float], dict[float, float]]:

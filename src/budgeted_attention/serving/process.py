@@ -28,7 +28,7 @@ def supported() -> bool:
     return hasattr(os, "sched_setaffinity") and hasattr(os, "sched_getaffinity")
 
 
-def allowed_cpus() -> set[int]:
+def current_cpus() -> set[int]:
     """The CPU ids this process may run on (a container's cpuset or ``taskset`` narrow them)."""
     return set(os.sched_getaffinity(0))
 
@@ -42,9 +42,9 @@ def check_cpus(cpus: list[int], key: str) -> list[int]:
         raise ConfigError(f"{key} needs Linux (os.sched_setaffinity), not available on this platform")
     if len(set(cpus)) != len(cpus):
         raise ConfigError(f"{key} lists a CPU twice: {cpus}")
-    outside = sorted(set(cpus) - allowed_cpus())
+    outside = sorted(set(cpus) - current_cpus())
     if outside:
-        raise ConfigError(f"{key}: CPU {outside[0]} is not one this process may run on (allowed: {sorted(allowed_cpus())})")
+        raise ConfigError(f"{key}: CPU {outside[0]} is not one this process may run on (allowed: {sorted(current_cpus())})")
     return cpus
 
 
@@ -65,10 +65,6 @@ def pin_process(cpus: set[int] | list[int]) -> None:
             os.sched_setaffinity(tid, wanted)
         except ProcessLookupError:  # the thread ended meanwhile
             continue
-
-
-def current_cpus() -> set[int]:
-    return set(os.sched_getaffinity(0))
 
 
 def server_cpus(engine_cpus: list[int]) -> set[int]:

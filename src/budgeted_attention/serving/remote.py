@@ -27,8 +27,6 @@ from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.engine import EngineInfo, load_tokenizer
 from budgeted_attention.serving.errors import EngineGone, EngineProcessError
 
-__all__ = ["EngineGone", "EngineProcessError", "RemoteEngine"]
-
 START_TIMEOUT_S = 600.0  # loading a large checkpoint on a slow disk; a failed load answers at once
 # The default wait for one batch when the caller gives none (direct use, start-up calibration).
 # The server's supervisor passes a per-batch deadline derived from the calibrated latency instead.
@@ -38,7 +36,7 @@ PING = "ping"  # the heartbeat message: the child answers ("pong", None) between
 
 
 def _child(conn, run_dir: str, settings: dict[str, Any], seed: int | None, onnx_dir: str | None) -> None:
-    """The child's loop: build the engine, send its metadata, then answer ``(ids, budget, pad_to)``
+    """The child's loop: build the engine, send its metadata, then answer ``(ids, budget)``
     with ``("ok", probabilities as a NumPy array)`` or ``("error", message)`` until ``None`` or EOF."""
     # The server decides when the engine stops (it drains its queue first): Ctrl-C in a terminal or
     # a service manager's SIGTERM reach the whole process group, and must not end this process early.
@@ -73,9 +71,9 @@ def _child(conn, run_dir: str, settings: dict[str, Any], seed: int | None, onnx_
         if message == PING:
             reply = ("pong", None)
             continue
-        ids, budget, pad_to = message
+        ids, budget = message
         try:
-            reply = ("ok", engine.run(ids, budget, pad_to).numpy())
+            reply = ("ok", engine.run(ids, budget).numpy())
         except Exception as exc:  # noqa: BLE001 - one failed batch, not a dead engine
             traceback.print_exc()  # the child's stderr is the server's: the whole traceback in its log
             reply = ("error", f"{type(exc).__name__}: {exc}")
@@ -111,19 +109,11 @@ class RemoteEngine(EngineInfo):
             raise
 
     def _adopt(self, kind: str, payload: Any) -> None:
-        """Take the child's metadata (or its load error) and load the tokenizer here."""
+        """Take the child's metadata (:meth:`EngineInfo.metadata`, or its load error) and load the tokenizer here."""
         if kind != "ready":
             raise EngineProcessError(f"the engine process failed to load the model: {payload}")
+        vars(self).update(payload)  # pickled through the pipe: the child's own types
         self.checkpoint = Path(payload["checkpoint"])
-        self.seed = int(payload["seed"])
-        self.family = str(payload["family"])
-        self.max_len = int(payload["max_len"])
-        self.n_classes = int(payload["n_classes"])
-        self.labels = list(payload["labels"])
-        self.val_accuracy = {float(b): float(a) for b, a in payload["val_accuracy"].items()}
-        self.costs = {float(b): float(c) for b, c in payload["costs"].items()}
-        self.runtime = str(payload["runtime"])
-        self.first_ordinary_id = int(payload["first_ordinary_id"])
         self.tokenizer, self.pad_id = load_tokenizer(self.folder(), self.max_len)
 
     in_child = True
@@ -163,14 +153,14 @@ class RemoteEngine(EngineInfo):
             self.kill()
             raise
 
-    def run(self, ids: list[list[int]], budget: float, pad_to: int = 0, timeout: float = RUN_TIMEOUT_S) -> torch.Tensor:
+    def run(self, ids: list[list[int]], budget: float, timeout: float = RUN_TIMEOUT_S) -> torch.Tensor:
         """(batch, n_classes) class probabilities, computed in the child process.
 
         Raises:
             EngineGone: the child exited, or gave no answer within ``timeout`` seconds (it is killed).
             EngineProcessError: the child failed this batch (and keeps serving).
         """
-        kind, payload = self._call((ids, budget, pad_to), timeout, "running a batch")
+        kind, payload = self._call((ids, budget), timeout, "running a batch")
         if kind != "ok":
             raise EngineProcessError(f"the engine process failed a batch: {payload}")
         return torch.from_numpy(payload)

@@ -31,8 +31,6 @@ from budgeted_attention.serving.errors import EngineGone, EngineUnavailable
 
 log = logging.getLogger("budgeted_attention.serve")
 
-__all__ = ["FAILED", "LOADING", "READY", "RESTARTING", "STOPPED", "EngineUnavailable", "Supervisor"]
-
 LOADING, READY, RESTARTING, FAILED = "loading", "ready", "restarting", "failed"
 STOPPED = "stopped"  # the engine failed after the shutdown began: not restarted, batches refused at once
 # A restart (load + calibration) that takes longer than RESTART_FACTOR times the last start, and at
@@ -49,7 +47,6 @@ class Supervisor:
         start: builds and returns a new engine (blocking; raises on a failed load).
         calibrate: times an engine, returns its latency model (blocking).
         cfg: the server settings (watchdog and restart keys).
-        restartable: whether a failed engine can be replaced (a child process) or not.
         on_restart: called after each successful restart (the metrics counter).
         on_latency: called with each new latency model (the batcher's).
         on_give_up: called with the reason once the engine cannot be brought back (state
@@ -80,7 +77,7 @@ class Supervisor:
         self._state_lock = threading.Lock()
         self._last_call = time.monotonic()
         self._restarter: threading.Thread | None = None
-        self._closed = False
+        self.closed = False  # the shutdown began: nothing is restarted from now on
         self._starting: Any = None  # the engine being started (its child runs, the model may still load)
         self._overdue = False  # the start in progress passed its deadline (and was killed)
 
@@ -91,7 +88,7 @@ class Supervisor:
         try:
             self._bring_up()
         except Exception as exc:
-            self._give_up("model load abandoned: the server is shutting down" if self._closed else f"model failed to load: {type(exc).__name__}: {exc}")
+            self._give_up("model load abandoned: the server is shutting down" if self.closed else f"model failed to load: {type(exc).__name__}: {exc}")
             raise
 
     def restart_deadline_s(self) -> float:
@@ -104,16 +101,16 @@ class Supervisor:
         start past its deadline, or a shutdown, can then kill it."""
         with self._state_lock:
             self._starting = engine
-            stop = self._closed or self._overdue
+            stop = self.closed or self._overdue
         if stop:
-            _kill(engine)
+            _stop(engine, "kill")
 
     def _start_overdue(self, deadline_s: float) -> None:
         with self._state_lock:
             self._overdue = True
             engine = self._starting
         log.error("baa serve: the engine did not start within %.1f s: killing it", deadline_s)
-        _kill(engine)
+        _stop(engine, "kill")
 
     def _bring_up(self, deadline_s: float | None = None) -> None:
         """Start and calibrate an engine, then make it the current one; with ``deadline_s``, a
@@ -134,7 +131,7 @@ class Supervisor:
                 if self._overdue:
                     raise EngineGone("killed")
             except BaseException:
-                _close(engine)
+                _stop(engine, "close")
                 raise
         except Exception as exc:
             if self._overdue:
@@ -149,8 +146,8 @@ class Supervisor:
         self.startup = {"load_seconds": round(loaded - started, 3), "calibration_seconds": round(time.monotonic() - loaded, 3)}
         self.start_seconds = time.monotonic() - started
         with self._state_lock:
-            if self._closed:
-                _close(engine)
+            if self.closed:
+                _stop(engine, "close")
                 return
             self.engine, self.latency = engine, latency
             self.state, self.reason = READY, "ready"
@@ -167,25 +164,25 @@ class Supervisor:
         with self._state_lock:
             if self.state != READY or engine is not self.engine:
                 return
-            closed = self._closed
+            closed = self.closed
             if closed:  # the server is stopping: no restart, the batches still queued fail at once
                 self.state, self.reason = STOPPED, f"engine stopped during the shutdown: {reason}"
             else:
                 self.state, self.reason = RESTARTING, f"engine restarting: {reason}"
         log.error("baa serve: %s", self.reason)
-        _kill(engine)
+        _stop(engine, "kill")
         if closed:
             return
         self._restarter = threading.Thread(target=self._restart_loop, args=(engine,), name="baa-engine-restart", daemon=True)
         self._restarter.start()
 
     def _restart_loop(self, old: Any) -> None:
-        _close(old)
-        while not self._closed:
+        _stop(old, "close")
+        while not self.closed:
             try:
                 self._bring_up(self.restart_deadline_s())
             except Exception as exc:  # noqa: BLE001 - counted, retried, then given up
-                if self._closed:  # the shutdown killed it
+                if self.closed:  # the shutdown killed it
                     return
                 self.failed_tries += 1
                 message = f"{type(exc).__name__}: {exc}"
@@ -204,7 +201,7 @@ class Supervisor:
     def _give_up(self, reason: str) -> None:
         with self._state_lock:
             self.state, self.reason = FAILED, reason
-            closed = self._closed
+            closed = self.closed
         log.error("baa serve: %s", reason)
         if not closed:
             self._on_give_up(reason)
@@ -214,9 +211,6 @@ class Supervisor:
     def retry_after(self) -> int:
         """Seconds a client should wait: about one start of the engine (at least 1)."""
         return max(1, math.ceil(self.start_seconds))
-
-    def unavailable(self) -> EngineUnavailable:
-        return EngineUnavailable(self.reason, self.retry_after())
 
     def batch_deadline_s(self, budget: float, n_texts: int, n_tokens: int) -> float:
         """How long a batch may take before the engine counts as hung: ``watchdog_factor`` times
@@ -233,7 +227,7 @@ class Supervisor:
         with self._call_lock:
             engine = self.engine
             if self.state != READY or engine is None:
-                raise self.unavailable()
+                raise EngineUnavailable(self.reason, self.retry_after())
             self._last_call = time.monotonic()
             try:
                 if not self.restartable:
@@ -259,10 +253,7 @@ class Supervisor:
         """The heartbeat (call every ``heartbeat_s`` from any thread): a child that exited, or that
         does not answer a ping within ``watchdog_min_ms`` while idle, is replaced."""
         engine = self.engine
-        if self.state != READY or not self.restartable:
-            return
-        if not engine.alive():
-            self._went_down(engine, f"the engine process exited (code {getattr(engine, 'exitcode', None)})")
+        if not self.restartable or not self.ready_now():  # an exited child is replaced there
             return
         if time.monotonic() - self._last_call < self.cfg.heartbeat_s or not self._call_lock.acquire(blocking=False):
             return  # a batch ran recently or runs now: its own deadline watches it
@@ -278,19 +269,15 @@ class Supervisor:
         """The server is stopping (call first, before draining): no restart from now on, and an
         engine still starting (the first load, or a restart) is killed."""
         with self._state_lock:
-            self._closed = True
+            self.closed = True
             starting = self._starting
         if starting is not None:
             log.warning("baa serve: shutting down while an engine starts: it is stopped")
-            _kill(starting)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+            _stop(starting, "kill")
 
     def kill(self) -> None:
         """Kill the current engine at once (a drain past the shutdown timeout)."""
-        _kill(self.engine)
+        _stop(self.engine, "kill")
 
     def close(self) -> None:
         """Stop the engine (after the batcher drained) and any restart in progress."""
@@ -299,22 +286,14 @@ class Supervisor:
             engine = self.engine
         if self._restarter is not None:
             self._restarter.join(timeout=self.cfg.shutdown_timeout_s)
-        _close(engine)
+        _stop(engine, "close")
 
 
-def _kill(engine: Any) -> None:
-    kill = getattr(engine, "kill", None)
-    if kill is not None:
+def _stop(engine: Any, method: str) -> None:
+    """``engine.<method>()`` where the engine has it; a failure is only logged (at debug level)."""
+    call = getattr(engine, method, None)
+    if call is not None:
         try:
-            kill()
-        except Exception:  # noqa: BLE001 - it is being replaced either way
-            log.debug("baa serve: killing an engine failed", exc_info=True)
-
-
-def _close(engine: Any) -> None:
-    close = getattr(engine, "close", None)
-    if close is not None:
-        try:
-            close()
-        except Exception:  # noqa: BLE001 - a dead child may fail to close cleanly; it is gone either way
-            log.debug("baa serve: closing an engine failed", exc_info=True)
+            call()
+        except Exception:  # noqa: BLE001 - a dead child may fail to stop cleanly; it is being replaced or gone either way
+            log.debug("baa serve: %s of an engine failed", method, exc_info=True)
