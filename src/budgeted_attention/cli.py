@@ -165,15 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", help="output directory (default RUN_DIR/onnx)")
     export.add_argument("--atol", type=_positive_float, default=1e-4, help="largest |ONNX Runtime - PyTorch| accepted (default 1e-4)")
 
-    report = sub.add_parser("report", help="write a results document (Markdown + figures) from run directories")
-    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories, one section each, in this order")
-    report.add_argument("--out", required=True, help="Markdown file to write, e.g. docs/results.md")
+    report = sub.add_parser("report", help="write a results document (Markdown + figures) from run directories or from studies.yaml")
+    report.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="run directories, one section each, in this order")
+    report.add_argument("--out", help="Markdown file to write, e.g. docs/results.md")
     report.add_argument("--figures-dir", help="where the runs' PNG figures are copied (default: <out dir>/figures)")
     report.add_argument("--title", default="Results", help="title of the document (default: Results)")
-    report.add_argument(
-        "--update", action="store_true",
-        help="rewrite only these runs' sections of the existing --out file (new runs are appended) and keep the others",
-    )
+    report.add_argument("--studies", metavar="STUDIES_YAML", help="write the studies page instead (run directories from the studies' --out)")
+    report.add_argument("--readme", help="with --studies: also write README's headline table between its headline markers")
+    report.add_argument("--commands", nargs="*", metavar="STUDY", help="with --studies: print these studies' commands (all: none named), write nothing")
     return parser
 
 
@@ -285,23 +284,26 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from budgeted_attention.reporting.report import update_report, write_report  # noqa: PLC0415 - `baa --help` loads no command's stack
+    from budgeted_attention.reporting import report, studies  # noqa: PLC0415 - `baa --help` loads no command's stack
 
-    # The document's header names the command: sys.argv when this process is 'baa report', else its equivalent.
-    if sys.argv[1:2] == ["report"]:
-        command = sys.argv
-    else:
-        command = ["baa", "report", *args.run_dirs, "--out", args.out]
-        command += ["--figures-dir", args.figures_dir] if args.figures_dir else []
-        command += ["--title", args.title] if args.title != "Results" else []
-        command += ["--update"] if args.update else []
-    figures = Path(args.figures_dir) if args.figures_dir else None
-    if args.update and args.title != "Results":
-        raise ConfigError("--title has no effect with --update (the report keeps its title)")
-    if args.update:
-        print(update_report([Path(p) for p in args.run_dirs], Path(args.out), figures, command=command))
+    if bool(args.studies) == bool(args.run_dirs) or (args.readme or args.commands is not None) and not args.studies:
+        raise ConfigError("give run directories or --studies STUDIES_YAML (--readme and --commands need --studies)")
+    if args.commands is not None:
+        print("\n".join(studies.study_commands(studies.load_studies(args.studies), args.commands)))
         return 0
-    print(write_report([Path(p) for p in args.run_dirs], Path(args.out), figures, args.title, command=command))
+    if not args.out:
+        raise ConfigError("--out is required: the Markdown file to write")
+    # The document's header names the command: sys.argv when this process is 'baa report', else its equivalent.
+    command = sys.argv if sys.argv[1:2] == ["report"] else [
+        "baa", "report", *args.run_dirs, *(["--studies", args.studies] if args.studies else []), "--out", args.out,
+        *(["--readme", args.readme] if args.readme else []), *(["--figures-dir", args.figures_dir] if args.figures_dir else []),
+        *(["--title", args.title] if args.title != "Results" else []),
+    ]
+    figures = Path(args.figures_dir) if args.figures_dir else None
+    if args.studies:
+        print(studies.write_studies_report(Path(args.studies), Path(args.out), args.readme and Path(args.readme), figures, command))
+        return 0
+    print(report.write_report([Path(p) for p in args.run_dirs], Path(args.out), figures, args.title, command=command))
     return 0
 
 

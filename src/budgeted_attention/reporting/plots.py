@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +15,35 @@ from budgeted_attention.io import atomic_path  # noqa: E402
 from budgeted_attention.reporting.results import aggregate, metric_of  # noqa: E402
 
 
-_COLORS = {
-    "dense": "black", "dense-long": "dimgray", "budgeted": "tab:blue", "budgeted-hard": "tab:orange",
-    "budgeted-scratch": "tab:red", "static": "tab:green", "static-hard": "tab:olive", "posthoc": "tab:purple",
-    "posthoc-recovered": "tab:brown", "posthoc-recovered-1ep": "tab:pink",
-    "budgeted-sandwich": "tab:cyan", "budgeted-hard-sandwich": "navy", "ladder": "tab:gray", "static-soft": "yellowgreen",
+# One (colour, marker) per method, the same in every plot; a method's variants (ladder models) are one series.
+_STYLE = {
+    "dense": ("black", "s"), "dense-long": ("dimgray", "P"), "budgeted": ("tab:blue", "o"), "budgeted-hard": ("tab:orange", "D"),
+    "budgeted-sandwich": ("tab:cyan", "^"), "budgeted-hard-sandwich": ("navy", "v"), "budgeted-scratch": ("tab:red", "<"),
+    "static": ("tab:green", ">"), "static-soft": ("yellowgreen", "p"), "posthoc": ("tab:purple", "h"),
+    "posthoc-recovered": ("tab:brown", "X"), "posthoc-recovered-1ep": ("tab:pink", "d"), "ladder": ("teal", "*"),
+    "budgetformer": ("goldenrod", "8"), "capped-routing": ("magenta", "H"),
 }
+SPREAD = "error bars: ± std over seeds"
 
 
-def _color(method: str) -> str | None:
-    """One colour per method across every panel and plot."""
-    return _COLORS.get(method)
+def style(method: str) -> dict[str, str]:
+    """The colour and marker of ``method`` (or ``method (variant)``): fixed per method, so stable across plots."""
+    base = method.split(" (", 1)[0]
+    color, marker = _STYLE.get(base) or (f"C{zlib.crc32(base.encode()) % 10}", "x")
+    return {"color": color, "marker": marker}
+
+
+def _legend(ax: Any, entries: list[dict[str, Any]] | None = None, axes: tuple[Any, ...] = ()) -> None:
+    """One legend right of ``ax`` (never over the data) for its series and those of ``axes``,
+    titled with the seeds' spread when ``entries`` (the aggregates shown) are given."""
+    found: dict[str, Any] = {}
+    for each in (*axes, ax):
+        for handle, label in zip(*each.get_legend_handles_labels(), strict=True):
+            found.setdefault(label, handle)
+    seeds = sorted({e["seeds"] for e in entries or []})
+    n = "" if not seeds else f" (n = {seeds[0]})" if len(seeds) == 1 else f" (n = {seeds[0]}-{seeds[-1]})"
+    ax.legend(list(found.values()), list(found), loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
+              title=f"mean, {SPREAD}{n}" if entries else None, title_fontsize=8)
 
 
 def _save(fig: Any, path: str | Path) -> None:
@@ -33,33 +52,49 @@ def _save(fig: Any, path: str | Path) -> None:
     plt.close(fig)
 
 
+def _per_method(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The aggregates (mean ± std over seeds) by base method: a method's variants form one series."""
+    methods: dict[str, list[dict[str, Any]]] = {}
+    for entry in aggregate(rows):
+        methods.setdefault(entry["method"].split(" (", 1)[0], []).append(entry)
+    return methods
+
+
+def _errorbar(ax: Any, method: str, entries: list[dict[str, Any]], x: Any, y: Any, xerr: Any = None, label: str | None = None, **kw: Any) -> None:
+    entries = sorted(entries, key=x)
+    ax.errorbar([x(e) for e in entries], [y(e)[0] for e in entries], yerr=[y(e)[1] for e in entries],
+                xerr=None if xerr is None else [xerr(e) for e in entries], capsize=3, label=label or method,
+                linestyle="-" if len(entries) > 1 else "none", **style(method), **kw)
+
+
+def _metric(rows: list[dict[str, Any]]) -> tuple[Any, Any]:
+    metric = metric_of(rows)
+    return metric, lambda e: (metric.scale * e[f"{metric.key}_mean"], metric.scale * e[f"{metric.key}_std"])
+
+
 def plot_accuracy_vs_cost(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
-    """Accuracy (mean ± std over seeds) against estimated cost, one line per method, plus C(b) vs b."""
-    summary = aggregate(rows)
-    metric = metric_of(summary)
+    """Accuracy (mean ± std over seeds) against estimated cost, one series per method, plus C(b) vs b."""
+    metric, y = _metric(rows)
     fig, (ax_acc, ax_cost) = plt.subplots(1, 2, figsize=(11, 4.2))
-    methods = sorted({e["method"] for e in summary}, key=lambda m: [e["method"] for e in summary].index(m))
-    for method in methods:
-        entries = [e for e in summary if e["method"] == method and ("cost_mean" in e or "estimated_cost_mean" in e)]
-        if not entries:
-            continue
-        xs = [e.get("cost_mean", e.get("estimated_cost_mean")) for e in entries]
-        ys = [metric.scale * e[f"{metric.key}_mean"] for e in entries]
-        errs = [metric.scale * e[f"{metric.key}_std"] for e in entries]
-        ax_acc.errorbar(xs, ys, yerr=errs, marker="s" if method == "dense" else "o", markersize=8 if method == "dense" else 5, capsize=3, label=method, color=_color(method), zorder=3 if method == "dense" else 2)
-        if method.startswith("budgeted"):
-            ax_cost.plot([e["budget"] for e in entries], xs, marker="o", label=method, color=_color(method))
+    cost = lambda e: e.get("cost_mean", e.get("estimated_cost_mean"))  # noqa: E731
+    shown = []
+    for method, entries in _per_method(rows).items():
+        entries = [e for e in entries if cost(e) is not None]
+        if entries:
+            shown += entries
+            _errorbar(ax_acc, method, entries, cost, y)
+            if method.startswith("budgeted"):
+                ax_cost.plot([e["budget"] for e in entries], [cost(e) for e in entries], label=method, **style(method))
     ax_acc.set_xlabel("attention cost (estimated C(b); hard: kept-head fraction)")
     ax_acc.set_ylabel(metric.label)
     ax_acc.set_title(title)
     ax_acc.grid(alpha=0.3)
-    ax_acc.legend()
     ax_cost.plot([0, 1], [0, 1], "k--", linewidth=1, label="C(b) = b")
     ax_cost.set_xlabel("requested budget b")
     ax_cost.set_ylabel("estimated cost C(b)")
     ax_cost.set_title("budget tracking")
     ax_cost.grid(alpha=0.3)
-    ax_cost.legend()
+    _legend(ax_cost, shown, axes=(ax_acc,))
     _save(fig, path)
 
 
@@ -75,65 +110,55 @@ def plot_speedups(bench_rows: list[dict[str, Any]], path: str | Path) -> None:
         )
         name = (f"{scope}, " if scoped else "") + f"batch {batch}, seq {seq}" + ("" if source == "random" else f" ({source})")
         line = ax.plot([r["budget"] for r in rows], [r["speedup"] for r in rows], marker="o", label=f"measured, {name}")
-        ax.plot([r["budget"] for r in rows], [r["ideal_speedup"] for r in rows], "--", color=line[0].get_color(), label=f"FLOP-ideal, {name}")
+        ax.plot([r["budget"] for r in rows], [r["ideal_speedup"] for r in rows], "x--", color=line[0].get_color(), label=f"FLOP-ideal, {name}")
     threads = sorted({r["threads"] for r in bench_rows})
     ax.set_xlabel("budget b")
     ax.set_ylabel("speedup over the dense model (lean executors)")
     ax.set_title(f"CPU speedup of pruned models ({threads} thread(s))")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax)
     _save(fig, path)
 
 
-def _per_method(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    summary = aggregate(rows)
-    methods: dict[str, list[dict[str, Any]]] = {}
-    for entry in summary:
-        methods.setdefault(entry["method"], []).append(entry)
-    return methods
-
-
 def plot_accuracy_vs_budget(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
-    """Accuracy (mean ± std over seeds) against the requested budget, one line per method."""
+    """Accuracy (mean ± std over seeds) against the requested budget, one series per method."""
+    metric, y = _metric(rows)
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    metric = metric_of(rows)
-    for method, entries in _per_method(rows).items():
-        xs = [e["budget"] for e in entries]
-        ys = [metric.scale * e[f"{metric.key}_mean"] for e in entries]
-        errs = [metric.scale * e[f"{metric.key}_std"] for e in entries]
-        style = "s" if len(entries) == 1 else "o-"
-        ax.errorbar(xs, ys, yerr=errs, fmt=style, capsize=3, label=method, color=_color(method))
+    methods = _per_method(rows)
+    for method, entries in methods.items():
+        _errorbar(ax, method, entries, lambda e: e["budget"], y)
     ax.set_xlabel("budget b")
     ax.set_ylabel(metric.label)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax, [e for entries in methods.values() for e in entries])
     _save(fig, path)
 
 
 def plot_accuracy_vs_speedup(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
-    """Accuracy against measured speedup (FLOP-ideal where no latency was measured): the Pareto
-    plot of the operating points, dense models at 1x, one curve per method (e.g. budgeted-hard
-    against the ladder of smaller dense models)."""
+    """Accuracy against measured speedup (FLOP-ideal, hollow, where no latency was measured), both
+    mean ± std over seeds: the Pareto plot of the operating points, dense models at 1x, one series
+    per method (e.g. budgeted-hard against the ladder of smaller dense models)."""
+    metric, y = _metric(rows)
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    metric = metric_of(rows)
-    y = lambda e: metric.scale * e[f"{metric.key}_mean"]  # noqa: E731
+    shown = []
     for method, entries in _per_method(rows).items():
         if method in ("dense", "dense-long"):
-            ax.plot([1.0] * len(entries), [y(e) for e in entries], "*", markersize=10, label=method, color=_color(method))
+            shown += entries
+            _errorbar(ax, method, entries, lambda e: 1.0, y, markersize=9)
             continue
-        # Sorted by speed, so a curve reads as a Pareto front (the ladder's costs and speeds differ in order).
-        measured = sorted((e for e in entries if "speedup_mean" in e), key=lambda e: e["speedup_mean"])
+        measured = [e for e in entries if "speedup_mean" in e]
         ideal = [e for e in entries if "speedup_mean" not in e and "ideal_speedup_mean" in e]
+        shown += measured + ideal
         if measured:
-            ax.plot([e["speedup_mean"] for e in measured], [y(e) for e in measured], "o-", label=f"{method} (measured)", color=_color(method))
+            _errorbar(ax, method, measured, lambda e: e["speedup_mean"], y, xerr=lambda e: e["speedup_std"], label=f"{method} (measured)")
         if ideal:
-            ax.plot([e["ideal_speedup_mean"] for e in ideal], [y(e) for e in ideal], "x--", label=f"{method} (FLOP-ideal)", color=_color(method))
+            _errorbar(ax, method, ideal, lambda e: e["ideal_speedup_mean"], y, label=f"{method} (FLOP-ideal)", fillstyle="none")
     ax.set_xlabel("speedup over the dense model (single thread)")
     ax.set_ylabel(metric.label)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax, shown)
     _save(fig, path)
 
 
@@ -151,5 +176,5 @@ def plot_training_curves(curves: dict[str, list[list[float]]], path: str | Path,
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax)
     _save(fig, path)

@@ -1,0 +1,332 @@
+"""``baa report --studies studies.yaml --out docs/results.md [--readme README.md]``: the results
+page of the studies the project stands behind, and README's headline table.
+
+``studies.yaml`` lists each study: ``name``, ``question`` (one line), ``config``, ``seeds``,
+``commands`` (the exact lines; the run directories are their ``--out``), ``table`` (what answers
+the question: ``kind`` sweep, bench, ladder or serve, with the rows it keeps and its ``target``),
+``figure`` (a file of the run directory), ``headline`` (rows for README, one per selector) and
+``replicas`` (run directories of the same commands run elsewhere, e.g. copied from another
+machine). Every row of a table is shown alike, none bolded; a row that misses the study's target
+says so. A study whose run directory is missing here is one line, never numbers. The machine is
+read from each run's ``run_info.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import statistics
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from budgeted_attention.io import write_text_atomic
+from budgeted_attention.reporting.ladder import ladder_comparison
+from budgeted_attention.reporting.report import ReportError, _copy_figure, load_run, render_command
+from budgeted_attention.reporting.results import aggregate, display_method, metric_of
+
+BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
+KINDS = ("sweep", "bench", "ladder", "serve")
+_REQUIRED = ("name", "question", "config", "seeds", "commands", "table")
+_OPTIONAL = ("figure", "headline", "replicas")
+MAX_STUDIES, MAX_HEADLINE = 10, 12
+
+
+def load_studies(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The studies of ``path``, checked (each error names the study and the key)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ReportError(f"cannot read studies file '{path}': {str(exc).splitlines()[0]}") from None
+    studies = data.get("studies") if isinstance(data, dict) else None
+    if not isinstance(studies, list) or not studies:
+        raise ReportError(f"'{path}' has no 'studies: [...]' list")
+    if len(studies) > MAX_STUDIES:
+        raise ReportError(f"'{path}' lists {len(studies)} studies; at most {MAX_STUDIES}")
+    names = set()
+    for index, study in enumerate(studies):
+        where = f"'{path}', study {study.get('name', index) if isinstance(study, dict) else index}"
+        if not isinstance(study, dict) or (missing := [k for k in _REQUIRED if k not in study]):
+            raise ReportError(f"{where}: missing {', '.join(missing) if isinstance(study, dict) else 'everything'}")
+        if unknown := sorted(set(study) - set(_REQUIRED) - set(_OPTIONAL)):
+            raise ReportError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        if not re.fullmatch(r"[a-z0-9_]+", str(study["name"])) or study["name"] in names:
+            raise ReportError(f"{where}: names are unique, lower case, digits and '_'")
+        names.add(study["name"])
+        if not isinstance(study["commands"], list) or not all(isinstance(c, str) for c in study["commands"]) or not run_dirs(study):
+            raise ReportError(f"{where}: 'commands' is a list of command lines, one or more with '--out RUN_DIR'")
+        if not isinstance(study["table"], dict) or study["table"].get("kind") not in KINDS:
+            raise ReportError(f"{where}: 'table.kind' is one of {', '.join(KINDS)}")
+        if "\n" in str(study["question"]).strip():
+            raise ReportError(f"{where}: the question is one line")
+    if sum(len(s.get("headline") or [None]) for s in studies) > MAX_HEADLINE:
+        raise ReportError(f"'{path}': README's headline has at most {MAX_HEADLINE} rows (one per selector, one per study without)")
+    return studies
+
+
+def run_dirs(study: dict[str, Any]) -> list[str]:
+    """The run directories the study's commands write (their ``--out``), in order, once each."""
+    found: list[str] = []
+    for line in study["commands"]:
+        argv = shlex.split(line)
+        found += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--out" and argv[i + 1] not in found]
+    return found
+
+
+def study_commands(studies: list[dict[str, Any]], names: list[str]) -> list[str]:
+    """The command lines of the named studies (all when ``names`` is empty), in file order."""
+    if unknown := sorted(set(names) - {s["name"] for s in studies}):
+        raise ReportError(f"no study named {', '.join(unknown)} (the studies: {', '.join(s['name'] for s in studies)})")
+    return [line for s in studies if not names or s["name"] in names for line in s["commands"]]
+
+
+# ------------------------------------------------------------------ the tables, by kind
+# Each gives (header, rows); a row is {"key": fields the headline selects on, "cells", "brief", "fail"}.
+
+
+def _pm(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
+    if not values:
+        return ""
+    scaled = [scale * v for v in values]
+    spread = f" ± {statistics.stdev(scaled):.{digits}f}" if len(scaled) > 1 else ""
+    return f"{statistics.fmean(scaled):.{digits}f}{spread}"
+
+
+def _sweep(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    methods, target = table.get("methods"), table.get("target") or {}
+    rows = [r for r in run["rows"] if not methods or r["method"] in methods]
+    metric = metric_of(rows)
+    scale, digits, lm = metric.scale, metric.digits, metric.key == "loss"
+    by_group: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for row in rows:
+        by_group.setdefault((display_method(row), float(row["budget"])), []).append(row)
+    dense = [r[metric.key] for r in by_group.get(("dense", 1.0), []) if r.get(metric.key) is not None]
+    out = []
+    for entry in aggregate(rows):
+        group = by_group[(entry["method"], entry["budget"])]
+        values = [r[metric.key] for r in group if r.get(metric.key) is not None]
+        speed = [r["speedup"] for r in group if r.get("speedup") is not None]
+        fails = []
+        if dense and values and "max_drop" in target:
+            drop = scale * ((statistics.fmean(values) - statistics.fmean(dense)) if lm else (statistics.fmean(dense) - statistics.fmean(values)))
+            if drop > target["max_drop"] + 1e-9:
+                fails.append(f"{drop:.{digits}f} {'nats above' if lm else 'points below'} dense (target ≤ {target['max_drop']:g})")
+        if speed and "min_speedup" in target and statistics.fmean(speed) < target["min_speedup"]:
+            fails.append(f"{statistics.fmean(speed):.2f}x (target ≥ {target['min_speedup']:g}x)")
+        span = f" [{scale * min(values):.{digits}f}, {scale * max(values):.{digits}f}]" if len(values) > 1 else ""
+        cost = entry.get("cost_mean", entry.get("estimated_cost_mean"))
+        measured = _pm(speed) + ("x" if speed else "")
+        ideal = f"{entry['ideal_speedup_mean']:.2f}x" if "ideal_speedup_mean" in entry else ""
+        cells = [entry["method"], f"{entry['budget']:.2f}", str(len(group)), _pm(values, scale, digits) + span,
+                 "" if cost is None else f"{cost:.3f}", measured, ideal]
+        brief = f"{metric.short} {_pm(values, scale, digits)}" + (f" (dense {_pm(dense, scale, digits)})" if dense else "")
+        out.append({"key": {"method": entry["method"], "budget": entry["budget"]}, "cells": cells,
+                    "brief": brief + (f", {measured} measured" if speed else ""), "fail": "; ".join(fails) or None})
+    header = ["method", "budget", "seeds", f"test {metric.short}: mean ± std [min, max] over seeds", "cost", "speedup (measured, ± std)", "FLOP-ideal"]
+    return header, out
+
+
+def _bench(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    bench = next((b for p, b in run["benches"] if p.name == table.get("file", "bench.json")), None)
+    if bench is None:
+        raise FileNotFoundError(table.get("file", "bench.json"))
+    key, minimum = table.get("speedup", "speedup"), (table.get("target") or {}).get("min_speedup")
+    out = []
+    for r in bench["rows"]:
+        value = r.get(key)
+        fail = f"{value:.2f}x (target ≥ {minimum:g}x)" if value is not None and minimum is not None and value < minimum else None
+        text = "" if value is None else f"{value:.2f}x"
+        out.append({"key": {"budget": r["budget"], "batch_size": r["batch_size"], "seq_len": r["seq_len"]},
+                    "cells": [f"{r['budget']:.2f}", str(r["batch_size"]), str(r["seq_len"]), str(r.get("threads", "")), text,
+                              f"{r['ideal_speedup']:.2f}x" if r.get("ideal_speedup") is not None else ""],
+                    "brief": f"{text} at batch {r['batch_size']}, seq {r['seq_len']}", "fail": fail})
+    return ["budget", "batch", "seq", "threads", f"{key} (over b = 1, same runtime)", "FLOP-ideal"], out
+
+
+def _ladder(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    out = []
+    for e in ladder_comparison(run["rows"]):
+        diff = e.get("difference")
+        below = diff is not None and (e["interval"][1] < 0 if "interval" in e else diff[0] < 0)
+        interval = f"[{100 * e['interval'][0]:+.2f}, {100 * e['interval'][1]:+.2f}]" if "interval" in e else ""
+        pair = lambda p: "" if p is None else f"{100 * p[0]:.2f} ± {100 * p[1]:.2f}"  # noqa: E731
+        cells = [e["method"], e["ladder"], f"{e['matched']} of {e['seeds']}", f"{e['speedup'][0]:.2f}x", pair(e.get("ladder_accuracy")),
+                 pair(e.get("curve_accuracy")), "" if diff is None else f"{100 * diff[0]:+.2f} ± {100 * diff[1]:.2f}", interval]
+        brief = "no seed matched" if diff is None else f"{100 * diff[0]:+.2f} points vs {e['ladder']} at {e['speedup'][0]:.2f}x, 95% CI {interval or 'n/a'}"
+        fail = "below the ladder model" if below else ("no seed matched" if diff is None else None)
+        out.append({"key": {"method": e["method"], "ladder": e["ladder"]}, "cells": cells, "brief": brief, "fail": fail})
+    header = ["curve", "ladder model", "matched seeds", "speedup", "ladder acc. %", "curve acc. % there", "difference (points)", "95% CI"]
+    return header, out
+
+
+def _serve(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    if not run.get("serve_load"):
+        raise FileNotFoundError("serve_load.json")
+    minimum = (table.get("target") or {}).get("min_slo")
+    groups: dict[tuple[str, float, str], list[dict[str, Any]]] = {}
+    for trial in run["serve_load"]["trials"]:
+        groups.setdefault((trial["arrivals"], trial["load"], trial["mode"]), []).append(trial["summary"])
+    out = []
+    for (arrivals, load, mode), summaries in groups.items():
+        slo = [s["slo_attainment"] for s in summaries if s.get("slo_attainment") is not None]
+        errors = sum(s.get("server_errors", 0) for s in summaries)
+        fails = [f"{errors} server errors"] if errors else []
+        if minimum is not None and slo and statistics.fmean(slo) < minimum:
+            fails.append(f"SLO attainment {100 * statistics.fmean(slo):.1f}% (target ≥ {100 * minimum:g}%)")
+        span = f" [{100 * min(slo):.1f}, {100 * max(slo):.1f}]" if len(slo) > 1 else ""
+        acc = [s["effective_accuracy"] for s in summaries if s.get("effective_accuracy") is not None]
+        p99 = [s["p99_ms"] for s in summaries if s.get("p99_ms") is not None]
+        cells = [arrivals, f"{load:g}x", mode, str(len(summaries)), _pm(slo, 100, 1) + span, _pm(acc, 100, 1), _pm(p99, 1, 1), str(errors)]
+        out.append({"key": {"arrivals": arrivals, "load": load, "mode": mode}, "cells": cells, "fail": "; ".join(fails) or None,
+                    "brief": f"SLO attainment {_pm(slo, 100, 1)}%, effective acc. {_pm(acc, 100, 1)}% ({mode}, {arrivals} {load:g}x)"})
+    header = ["arrivals", "load", "mode", "repeats", "SLO attainment %: mean ± std [min, max]", "effective acc. %", "p99 ms", "5xx"]
+    return header, out
+
+
+_TABLES = {"sweep": _sweep, "bench": _bench, "ladder": _ladder, "serve": _serve}
+
+
+# ------------------------------------------------------------------ the page
+
+
+def _machine(run: dict[str, Any]) -> str:
+    env = run["info"].get("environment") if isinstance(run["info"].get("environment"), dict) else {}
+    parts = [env.get("processor") or "machine not recorded", f"{env['cpu_count']} CPUs" if env.get("cpu_count") else None]
+    return ", ".join(p for p in parts if p)
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _target_cell(row: dict[str, Any]) -> str:
+    return f"FAILS: {row['fail']}" if row["fail"] else "meets"
+
+
+def _measure(path: Path, study: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[dict[str, Any]]] | None:
+    """(run, header, rows) of the study's table from the run directory ``path``; None if not there."""
+    if not (path / "results.json").is_file():
+        return None
+    run = load_run(path)
+    try:
+        return (run, *_TABLES[study["table"]["kind"]](run, study["table"]))
+    except FileNotFoundError:
+        return None
+
+
+def _selected(study: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first row matching each headline selector (a selector without a match: no row)."""
+    picked = []
+    for selector in study.get("headline") or []:
+        match = next((r for r in rows if all(r["key"].get(k) == v for k, v in selector.items())), None)
+        picked += [match] if match else []
+    return picked
+
+
+def _link(target: Path, out: Path) -> str:
+    return Path(os.path.relpath(target.resolve(), out.parent.resolve())).as_posix()
+
+
+def build_studies(studies: list[dict[str, Any]], root: Path, out: Path, figures_dir: Path, command: str) -> tuple[str, list[list[str]], list[Path]]:
+    """(the page, README's headline rows, the figures to copy as (source, target) pairs)."""
+    lines = [
+        "# Results", "",
+        f"Generated by `{command}` from the run directories of [`studies.yaml`]({_link(root / 'studies.yaml', out)}); do not edit by hand.",
+        "Each study: its question, the commands that make its run directories (`make study-NAME` runs them; they resume), "
+        "the seeds and machine the run directories record, and the table that answers the question. Every row is shown alike; "
+        "a row that misses the study's target says `FAILS`. A study not run on this machine is one line.",
+        f"The historical per-run research log is [lab/results-log.md]({_link(root / 'docs' / 'lab' / 'results-log.md', out)}) (not maintained).",
+    ]
+    headline, copies, replicated = [], [], []
+    for study in studies:
+        name, table = study["name"], study["table"]
+        lines += ["", f"## {name}", "", f"**Question.** {' '.join(str(study['question']).split())}", ""]
+        measured = {d: _measure(root / d, study) for d in [*run_dirs(study), *(study.get("replicas") or [])]}
+        primary = table.get("run", run_dirs(study)[0])
+        if measured.get(primary) is None:
+            lines.append(f"not run here: `make study-{name}`")
+            headline.append([name, study["question"], f"not run here: `make study-{name}`", ""])
+            continue
+        run, header, rows = measured[primary]
+        seeds = sorted({r.get("seed") for r in run["rows"] if r.get("seed") is not None}) or run["info"].get("seeds") or []
+        lines += ["Commands:", "", "```", *study["commands"], "```", "",
+                  f"- Config: `{study['config']}`; seeds: {', '.join(map(str, seeds)) or 'none recorded'}"
+                  + ("" if list(seeds) == list(study["seeds"]) else f" (studies.yaml says {', '.join(map(str, study['seeds']))})"),
+                  f"- Machine: {_machine(run)} (from `{primary}/run_info.json`)"]
+        if run["results"].get("partial"):
+            lines.append(f"- **Partial run**: {run['results']['partial']}")
+        lines += ["", *_markdown_table([*header, "target"], [[*r["cells"], _target_cell(r)] for r in rows])]
+        for row in _selected(study, rows) or rows[:1]:
+            headline.append([name, study["question"], row["brief"], _target_cell(row)])
+        if not rows:
+            headline.append([name, study["question"], f"no rows in `{primary}`", ""])
+        figure = root / primary / str(study.get("figure", ""))
+        if study.get("figure") and figure.is_file():
+            copies.append((figure, figures_dir / f"{name}_{figure.name}"))
+            spread = " Points: mean over seeds; error bars: ± one std over seeds." if figure.name.startswith("accuracy_vs_") else ""
+            lines += ["", f"![{name}: {figure.stem}]({_link(copies[-1][1], out)})", "", f"Figure: `{figure.name}` of `{primary}`.{spread}"]
+        elif study.get("figure"):
+            lines += ["", f"Figure `{study['figure']}`: not in `{primary}`."]
+        found = [(d, m) for d, m in measured.items() if m is not None]
+        if len(found) > 1:
+            wanted = {tuple(sorted(r["key"].items())) for r in _selected(study, rows) or rows}
+            for d, (other, _, other_rows) in found:
+                replicated += [[name, _label(r), r["brief"], f"`{d}`", _machine(other), _target_cell(r)]
+                               for r in other_rows if tuple(sorted(r["key"].items())) in wanted]
+    if replicated:
+        lines += ["", "## Replication", "",
+                  "The headline rows of each study measured in more than one run directory (its commands, and its `replicas`), "
+                  "with the machine each run directory records.", "",
+                  *_markdown_table(["study", "row", "measured", "run directory", "machine", "target"], replicated)]
+    return "\n".join(lines) + "\n", headline, copies
+
+
+def _label(row: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in row["key"].items())
+
+
+def _headline_block(rows: list[list[str]], results_link: str) -> str:
+    table = _markdown_table(["study", "question", "measured", "target"], [[f"[{r[0]}]({results_link}#{r[0]})", *r[1:]] for r in rows])
+    return "\n".join([f"Generated by `baa report --studies` from the run directories ([all results]({results_link})).", "", *table]) + "\n"
+
+
+def between_markers(path: Path, block: str) -> str:
+    """The text of ``path`` with the lines between its ``BEGIN`` and ``END`` lines replaced by ``block``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ReportError(f"cannot read '{path}': {exc.strerror or exc}") from None
+    start, end = text.find(BEGIN + "\n"), text.find(END)
+    if start < 0 or end < start:
+        raise ReportError(f"'{path}' has no '{BEGIN}' line followed by a '{END}' line: add both where the headline table goes")
+    return text[: start + len(BEGIN) + 1] + block + text[end:]
+
+
+def write_studies_report(
+    studies_file: Path, out: Path, readme: Path | None = None, figures_dir: Path | None = None, command: list[str] | str | None = None
+) -> Path:
+    """Write the studies page to ``out`` (figures to ``figures_dir``, default ``<out dir>/figures``)
+    and, with ``readme``, its headline table between the markers; run directories are relative
+    to the studies file's folder. Figures of these studies left from an earlier page are removed."""
+    studies_file, out = Path(studies_file), Path(out)
+    studies = load_studies(studies_file)
+    figures = Path(figures_dir) if figures_dir is not None else out.parent / "figures"
+    shown = render_command(command if command is not None else ["baa", "report", "--studies", str(studies_file), "--out", str(out)])
+    text, headline, copies = build_studies(studies, studies_file.parent, out, figures, shown)
+    # README's new text before anything is written: missing markers fail the whole command.
+    readme_text = None if readme is None else between_markers(Path(readme), _headline_block(headline, _link(out, Path(readme))))
+    if copies:
+        figures.mkdir(parents=True, exist_ok=True)
+    kept = {target.name for _, target in copies}
+    for stale in figures.glob("*.png") if figures.is_dir() else []:
+        if stale.name not in kept and any(stale.name.startswith(f"{s['name']}_") for s in studies):
+            stale.unlink()
+    for source, target in copies:
+        _copy_figure(source, target)
+    write_text_atomic(out, text)
+    if readme_text is not None:
+        write_text_atomic(readme, readme_text)
+    return out
+

@@ -1,0 +1,60 @@
+"""Plots a reader can trust at a glance: the seeds' spread, one colour and marker per series, the legend off the data."""
+
+from __future__ import annotations
+
+import pytest
+from matplotlib.container import ErrorbarContainer
+
+from budgeted_attention.reporting import plots
+
+
+def _rows():
+    rows = []
+    for seed in (0, 1, 2):
+        rows.append({"method": "dense", "budget": 1.0, "seed": seed, "accuracy": 0.90 + 0.01 * seed, "cost": 1.0, "cost_kind": "dense"})
+        for b in (0.25, 0.5, 1.0):
+            rows.append({"method": "budgeted", "budget": b, "seed": seed, "accuracy": 0.8 + 0.1 * b + 0.01 * seed,
+                         "cost": 0.9 * b, "cost_kind": "soft-estimate"})
+            rows.append({"method": "budgeted-hard", "budget": b, "seed": seed, "accuracy": 0.78 + 0.1 * b + 0.01 * seed, "cost": b,
+                         "cost_kind": "kept-heads", "speedup": (1 + 0.05 * seed) / b, "ideal_speedup": 1 / b})
+        for variant, cost in (("small", 0.3), ("half", 0.5)):  # two ladder models: one series, not two colours from the cycle
+            rows.append({"method": "ladder", "variant": variant, "budget": cost, "seed": seed, "accuracy": 0.8 + 0.02 * seed,
+                         "cost": cost, "cost_kind": "smaller-dense", "speedup": (1 + 0.1 * seed) / cost})
+    return rows
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    kept = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: kept.append(fig))
+    yield kept
+    for fig in kept:
+        plots.plt.close(fig)
+
+
+@pytest.mark.parametrize("plot", [plots.plot_accuracy_vs_speedup, plots.plot_accuracy_vs_budget, plots.plot_accuracy_vs_cost])
+def test_series_have_their_own_style_error_bars_and_a_legend_off_the_data(figures, plot):
+    plot(_rows(), "unused.png", "tiny")
+    fig = figures[0]
+    ax = fig.axes[0]
+    series = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    labels = [c.get_label() for c in series]
+    assert {label.split(" (")[0] for label in labels} == {"dense", "budgeted-hard", "ladder"} | ({"budgeted"} if "speedup" not in plot.__name__ else set())
+    assert all(c.has_yerr for c in series)  # the seeds' spread on every series
+    assert [c for c in series if "budgeted-hard" in c.get_label()][0][2], "error bar lines drawn"
+    styles = [(c.lines[0].get_color(), c.lines[0].get_marker()) for c in series]
+    assert len({color for color, _ in styles}) == len(styles) and len({marker for _, marker in styles}) == len(styles), styles
+    if "speedup" in plot.__name__:  # measured speed varies over seeds too
+        assert all(c.has_xerr for c in series if "measured" in c.get_label())
+    legend = fig.axes[-1].get_legend()
+    assert "std over seeds" in legend.get_title().get_text() and "n = 3" in legend.get_title().get_text()
+    fig.canvas.draw()
+    box = legend.get_window_extent()
+    assert not any(box.overlaps(each.get_window_extent()) for each in fig.axes), "the legend covers an axes"
+
+
+def test_a_method_has_one_style_in_every_plot():
+    assert plots.style("ladder (3 layers)") == plots.style("ladder") != plots.style("budgeted-hard")
+    assert plots.style("something-new") == plots.style("something-new")
+    known = [plots.style(m) for m in plots._STYLE]
+    assert len({s["color"] for s in known}) == len(known) and len({s["marker"] for s in known}) == len(known)

@@ -1,0 +1,180 @@
+"""`baa report --studies`: docs/results.md and README's headline from the studies' run directories."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+
+from budgeted_attention.cli import main
+from budgeted_attention.reporting.report import ReportError
+from budgeted_attention.reporting.studies import BEGIN, END, load_studies, write_studies_report
+from conftest import TINY_DATA_AND_MODEL
+
+REPO = Path(__file__).resolve().parents[2]
+COMMAND = "baa report --studies studies.yaml --out docs/results.md"
+
+
+def _run(root: Path, name: str, rows: list[dict], processor: str = "Intel Xeon", **files) -> Path:
+    run = root / "runs" / name
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({"rows": rows}))
+    (run / "run_info.json").write_text(json.dumps({"seeds": sorted({r["seed"] for r in rows}) or [0],
+                                                   "environment": {"processor": processor, "cpu_count": 2}}))
+    for file, data in files.items():
+        (run / file.replace("__", ".")).write_text(json.dumps(data))
+    return run
+
+
+def _sweep_rows(drop: float = 0.0) -> list[dict]:
+    rows = []
+    for seed in (0, 1):
+        rows.append({"method": "dense", "budget": 1.0, "seed": seed, "accuracy": 0.90 + 0.01 * seed, "cost": 1.0, "cost_kind": "dense"})
+        rows.append({"method": "budgeted-hard", "budget": 0.5, "seed": seed, "accuracy": 0.895 - drop, "cost": 0.5,
+                     "cost_kind": "kept-heads", "speedup": 1.6 + 0.1 * seed, "ideal_speedup": 1.9})
+        rows.append({"method": "budgeted-hard", "budget": 0.25, "seed": seed, "accuracy": 0.80, "cost": 0.25,  # the weak row
+                     "cost_kind": "kept-heads", "speedup": 0.9, "ideal_speedup": 3.0})
+    return rows
+
+
+def _studies(root: Path) -> Path:
+    studies = [
+        {"name": "demo", "question": "Does it hold?", "config": "configs/x.yaml", "seeds": [0, 1],
+         "commands": ["baa demo --no-progress --out runs/demo"], "figure": "accuracy_vs_speedup.png",
+         "table": {"kind": "sweep", "methods": ["dense", "budgeted-hard"], "target": {"max_drop": 1.0, "min_speedup": 1.0}},
+         "headline": [{"method": "budgeted-hard", "budget": 0.5}], "replicas": ["runs/demo_other"]},
+        {"name": "onnx", "question": "Is ONNX faster?", "config": "configs/d.yaml", "seeds": [0],
+         "commands": ["baa demo --out runs/d", "baa bench runs/d --onnx --json runs/d/bench_onnx.json"],
+         "table": {"kind": "bench", "file": "bench_onnx.json", "speedup": "onnx_speedup", "target": {"min_speedup": 1.0}}},
+        {"name": "serving", "question": "Does the SLO hold?", "config": "configs/m.yaml", "seeds": [0],
+         "commands": ["baa experiment c.yaml --out runs/m", "python benchmarks/serve_load.py runs/m --out runs/load"],
+         "table": {"kind": "serve", "run": "runs/load", "target": {"min_slo": 0.9}}, "headline": [{"mode": "slo"}]},
+        {"name": "lm", "question": "Never run here?", "config": "configs/lm.yaml", "seeds": [0],
+         "commands": ["baa lm configs/lm.yaml --out runs/lm"], "table": {"kind": "sweep"}},
+    ]
+    path = root / "studies.yaml"
+    path.write_text(yaml.safe_dump({"studies": studies}, sort_keys=False))
+    return path
+
+
+def _section(text: str, name: str) -> str:
+    return text.split(f"## {name}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_studies_page_tables_targets_replication_and_readme(tmp_path):
+    studies = _studies(tmp_path)
+    demo = _run(tmp_path, "demo", _sweep_rows())
+    (demo / "accuracy_vs_speedup.png").write_bytes(b"\x89PNG")
+    _run(tmp_path, "demo_other", _sweep_rows(drop=0.02), processor="AMD EPYC")
+    bench = {"rows": [{"budget": b, "batch_size": 1, "seq_len": 128, "threads": 1, "onnx_speedup": s, "ideal_speedup": 2.0}
+                      for b, s in ((0.5, 1.4), (0.75, 0.95))]}
+    _run(tmp_path, "d", [], bench_onnx__json=bench)
+    trials = [{"arrivals": "bursty", "load": 2.0, "mode": mode, "repeat": r,
+               "summary": {"slo_attainment": slo - 0.01 * r, "effective_accuracy": 0.9, "p99_ms": 50.0, "server_errors": 0}}
+              for mode, slo in (("fixed-1", 0.4), ("slo", 0.97)) for r in (0, 1)]
+    _run(tmp_path, "m", _sweep_rows())  # the served model: no serve_load.json, so not a replica of the load test
+    _run(tmp_path, "load", [], serve_load__json={"trials": trials, "setting": {}})
+    stale = tmp_path / "docs" / "figures" / "demo_old.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Project\n\nintro\n{BEGIN}\nold table\n{END}\n\nrest\n")
+
+    write_studies_report(studies, tmp_path / "docs" / "results.md", readme=readme, command=COMMAND)
+    text = (tmp_path / "docs" / "results.md").read_text()
+    demo_text = _section(text, "demo")
+    assert "**Question.** Does it hold?" in demo_text and "baa demo --no-progress --out runs/demo" in demo_text
+    assert "- Config: `configs/x.yaml`; seeds: 0, 1" in demo_text and "- Machine: Intel Xeon, 2 CPUs" in demo_text
+    assert "| budgeted-hard | 0.50 | 2 | 89.50 ± 0.00 [89.50, 89.50] | 0.500 | 1.65 ± 0.07x | 1.90x | meets |" in demo_text
+    weak = next(line for line in demo_text.splitlines() if line.startswith("| budgeted-hard | 0.25 "))
+    assert "FAILS: 10.50 points below dense (target ≤ 1); 0.90x (target ≥ 1x)" in weak
+    assert "**" not in "".join(line for line in text.splitlines() if line.startswith("|"))  # no row bolded
+    assert "![demo: accuracy_vs_speedup](figures/demo_accuracy_vs_speedup.png)" in demo_text and "± one std over seeds" in demo_text
+    assert (tmp_path / "docs" / "figures" / "demo_accuracy_vs_speedup.png").is_file() and not stale.exists()
+    assert "| 0.75 | 1 | 128 | 1 | 0.95x | 2.00x | FAILS: 0.95x (target ≥ 1x) |" in _section(text, "onnx")
+    serving = _section(text, "serving")
+    assert "| bursty | 2x | fixed-1 | 2 | 39.5 ± 0.7 [39.0, 40.0] |" in serving and "FAILS: SLO attainment 39.5% (target ≥ 90%)" in serving
+    assert _section(text, "lm").strip().endswith("not run here: `make study-lm`") and "|" not in _section(text, "lm")
+    replication = _section(text, "Replication")  # demo measured on two machines; serving's model dir is no replica
+    assert "`runs/demo`" in replication and "`runs/demo_other`" in replication and "AMD EPYC, 2 CPUs" in replication
+    assert "serving" not in replication and "budget 0.25" not in replication  # the headline rows only
+    assert text.count("\n|---") <= 10
+
+    block = readme.read_text()
+    assert block.startswith(f"# Project\n\nintro\n{BEGIN}\n") and block.endswith(f"{END}\n\nrest\n") and "old table" not in block
+    rows = [line for line in block.splitlines() if line.startswith("| [")]
+    assert [re.match(r"\| \[(\w+)\]\(docs/results.md#\1\)", r).group(1) for r in rows] == ["demo", "onnx", "serving", "lm"]
+    assert "acc. % 89.50" in rows[0] and "not run here: `make study-lm`" in rows[3]
+
+
+def test_missing_markers_fail_before_anything_is_written(tmp_path):
+    studies = _studies(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers\n")
+    with pytest.raises(ReportError, match="has no '<!-- headline:begin -->' line"):
+        write_studies_report(studies, tmp_path / "docs" / "results.md", readme=readme)
+    assert not (tmp_path / "docs").exists() and readme.read_text() == "# no markers\n"
+
+
+def test_cli_prints_commands_and_checks_the_file(tmp_path, capsys):
+    studies = _studies(tmp_path)
+    assert main(["report", "--studies", str(studies), "--commands", "onnx", "lm"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["baa demo --out runs/d", "baa bench runs/d --onnx --json runs/d/bench_onnx.json",
+                                                    "baa lm configs/lm.yaml --out runs/lm"]
+    assert main(["report", "--studies", str(studies), "--commands", "nope"]) == 2
+    assert "no study named nope" in capsys.readouterr().err
+    assert main(["report", "runs/x", "--studies", str(studies), "--out", "x.md"]) == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"studies": [{"name": "x", "question": "q", "config": "c", "seeds": [0], "commands": ["baa demo"],
+                                                "table": {"kind": "sweep"}}]}))
+    with pytest.raises(ReportError, match="one or more with '--out RUN_DIR'"):
+        load_studies(bad)
+
+
+def test_a_tiny_real_run_renders_with_its_figure(tmp_path):
+    from budgeted_attention.pipeline import Experiment, load_experiment_config  # noqa: PLC0415
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(f"name: tiny\nseeds: [0, 1]\nmethods: [dense, budgeted, budgeted-hard]\nbudgets: [0.5, 1.0]\n{TINY_DATA_AND_MODEL}\n"
+                      "train: {dense_steps: 4, budgeted_steps: 4, hard_steps: 2, batch_size: 8}\n"
+                      "bench: {rounds: 1, min_run_time: 0.005, batch_sizes: [1]}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Experiment(load_experiment_config(str(config)), tmp_path / "runs" / "tiny", progress=False, log=lambda *_: None).run()
+    studies = tmp_path / "studies.yaml"
+    studies.write_text(yaml.safe_dump({"studies": [{
+        "name": "tiny", "question": "Tiny?", "config": str(config), "seeds": [0, 1], "commands": ["baa experiment tiny.yaml --out runs/tiny"],
+        "table": {"kind": "sweep", "target": {"max_drop": 100.0}}, "figure": "accuracy_vs_speedup.png"}]}))
+    out = tmp_path / "docs" / "results.md"
+    assert main(["report", "--studies", str(studies), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| budgeted-hard | 0.50 | 2 |" in text and "- Config:" in text and "seeds: 0, 1" in text
+    assert (tmp_path / "docs" / "figures" / "tiny_accuracy_vs_speedup.png").stat().st_size > 1000
+
+
+def _image_links(page: Path) -> list[Path]:
+    return [(page.parent / link).resolve() for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text())]
+
+
+def test_docs_figures_come_from_the_generated_report_and_every_link_resolves():
+    results, log = REPO / "docs" / "results.md", REPO / "docs" / "lab" / "results-log.md"
+    linked = set(_image_links(results))
+    assert linked == {p.resolve() for p in (REPO / "docs" / "figures").glob("*")}  # docs/figures: the report's, all of them
+    missing = [p for p in _image_links(log) if not p.is_file()]
+    assert not missing and log.read_text().startswith("> ")
+
+
+def test_the_committed_page_is_the_commands_output_while_no_study_has_run(tmp_path):
+    committed = (REPO / "docs" / "results.md").read_text()
+    if "\n|" in committed:
+        pytest.skip("docs/results.md holds measured studies: it was generated where they ran")
+    shutil.copy(REPO / "studies.yaml", tmp_path / "studies.yaml")
+    write_studies_report(tmp_path / "studies.yaml", tmp_path / "docs" / "results.md", command=COMMAND)
+    fresh = (tmp_path / "docs" / "results.md").read_text()
+    header = lambda text: [line for line in text.splitlines() if not line.startswith("Generated by")]  # noqa: E731
+    assert header(fresh) == header(committed)
