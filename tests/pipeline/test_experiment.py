@@ -133,11 +133,13 @@ def test_rows_record_steps_and_equal_step_controls(tmp_path):
 
     # The budgeted-hard checkpoint: the ranking its (frozen) gates define is the stored one.
     from budgeted_attention.checkpoint import load_model, load_ranking
-    from budgeted_attention.pruning.selection import HeadRanking
+    from budgeted_attention.model.gates import UnitGates
+    from budgeted_attention.pruning.selection import Ranking
 
     path = tmp_path / "run" / "checkpoints" / "seed0" / "budgeted-hard"
     model, description = load_model(path)
-    assert HeadRanking.from_scores(model.gates.importance(), cfg.min_one_per_layer) == load_ranking(path, description, model)
+    expected = Ranking.from_scores(UnitGates(model.gates.importance()), min_one_per_layer=cfg.min_one_per_layer)
+    assert expected == load_ranking(path, description, model)
 
     # A corrupted finished-unit record is a one-line error naming the file, not a traceback.
     (tmp_path / "run" / "units" / "seed0" / "posthoc.json").write_text("{oops")
@@ -223,14 +225,14 @@ def test_all_scope_pipeline_prunes_heads_and_ffn_and_benches_both_scopes(tmp_pat
     assert (tmp_path / "run" / "bench-sandwich.json").is_file()
 
     from budgeted_attention.checkpoint import load_model, load_ranking
-    from budgeted_attention.pruning.selection import UnitRanking, rank_units
+    from budgeted_attention.pruning.selection import Ranking
 
     ckpt = tmp_path / "run" / "checkpoints" / "seed0" / "budgeted-hard"
     model, description = load_model(ckpt)
     ranking = load_ranking(ckpt, description, model)
-    assert isinstance(ranking, UnitRanking)
+    assert isinstance(ranking, Ranking)
     costs = model.unit_costs(experiment.context.splits.seq_len)  # reference_seq_len 0: the data's padded length
-    assert rank_units(model.unit_importance(), costs, cfg.min_one_per_layer) == ranking
+    assert Ranking.from_scores(model.unit_importance(), costs, cfg.min_one_per_layer) == ranking
 
 
 def test_scope_config_is_validated(tmp_path):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from budgeted_attention.checkpoint import load_model, read_description, verify_artifacts
+from budgeted_attention.checkpoint import load_model, load_ranking, read_description, save_model, verify_artifacts
 from budgeted_attention.data.dataset import TensorSplits
 from budgeted_attention.data.lm import make_lm_splits
 from budgeted_attention.data.synthetic import make_synthetic_splits
@@ -18,7 +18,7 @@ from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.pipeline.units import UNIT_DIGEST_KEY, UnitId
-from budgeted_attention.pruning.selection import Ranking, rank_units
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.rundir import RunDir
 from budgeted_attention.tasks import CLASSIFY, Task
 from budgeted_attention.training.routing import routing_statistics
@@ -116,8 +116,25 @@ class RunContext:
 
     # ---------------------------------------------------------------- saved models
 
-    def load(self, unit: UnitId) -> tuple[GatedModel, dict[str, Any]]:
-        """The model training unit ``unit`` saved, refused when the run's tokenizer or labels are
+    def save(self, unit: UnitId, model: GatedModel, steps: int, **extra: Any) -> None:
+        """Save ``model``, ``steps`` optimiser steps from initialisation, as training unit
+        ``unit``'s checkpoint (its ``method``: the unit's kind and variant; ``extra``, e.g. its
+        ``ranking``, goes into the description)."""
+        method = unit.kind + unit.variant
+        save_model(model, self.checkpoint(unit), artifacts_dir=self.run.path, method=method, seed=unit.seed, steps=steps, **extra)
+
+    def load(self, unit: UnitId) -> tuple[GatedModel, int]:
+        """The model training unit ``unit`` saved and its optimiser steps from initialisation."""
+        model, description = self._load(unit)
+        return model, int(description.get("steps", 0))
+
+    def load_ranked(self, unit: UnitId) -> tuple[GatedModel, Ranking]:
+        """The model training unit ``unit`` saved and the ranking saved with it."""
+        model, description = self._load(unit)
+        return model, load_ranking(self.checkpoint(unit), description, model)
+
+    def _load(self, unit: UnitId) -> tuple[GatedModel, dict[str, Any]]:
+        """The saved model and its description, refused when the run's tokenizer or labels are
         no longer the ones it was trained with (rebuilt differently on a resume)."""
         path = self.checkpoint(unit)
         model, description = load_model(path)
@@ -145,7 +162,7 @@ class RunContext:
         return model.unit_costs(self.reference_seq)
 
     def rank(self, model: GatedModel, scores: UnitGates) -> Ranking:
-        return rank_units(scores, self.unit_costs(model), self.cfg.min_one_per_layer)
+        return Ranking.from_scores(scores, self.unit_costs(model), self.cfg.min_one_per_layer)
 
     def metrics(self, model: GatedModel, **gating: Any) -> dict[str, float]:
         """Validation and test metrics of a finished model under ``gating`` (row fields)."""

@@ -4,7 +4,7 @@ A method is a :class:`~budgeted_attention.pipeline.methods.base.Method`: the ``m
 it answers to, the methods it starts from, a config check and its units per seed (each with its
 work and its contribution to the outputs). :data:`METHODS` is the registry; its order is the
 order of every seed's units, so a method is registered after the methods it ``requires``. Adding
-a method is one module and one entry here.
+a method is one module (or a class in the module of its kin) and one entry here.
 """
 
 from __future__ import annotations
@@ -13,15 +13,12 @@ from typing import TYPE_CHECKING
 
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.pipeline.methods.base import Method
-from budgeted_attention.pipeline.methods.budgeted import Budgeted
-from budgeted_attention.pipeline.methods.dense import Dense
-from budgeted_attention.pipeline.methods.dense_long import DenseLong
+from budgeted_attention.pipeline.methods.budgeted import Budgeted, Scratch
+from budgeted_attention.pipeline.methods.dense import Dense, DenseLong
 from budgeted_attention.pipeline.methods.hard import BudgetedHard
 from budgeted_attention.pipeline.methods.ladder import Ladder
-from budgeted_attention.pipeline.methods.posthoc import Posthoc
-from budgeted_attention.pipeline.methods.recovered import Recovered
+from budgeted_attention.pipeline.methods.posthoc import Posthoc, Recovered
 from budgeted_attention.pipeline.methods.routed import Routed
-from budgeted_attention.pipeline.methods.scratch import Scratch
 from budgeted_attention.pipeline.methods.static import Static
 from budgeted_attention.pipeline.units import Unit
 

@@ -3,6 +3,7 @@ training config of a variant, the early-stopping record and the benchmark settin
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
@@ -127,3 +128,9 @@ def saved_or_timed(ctx: RunContext, unit: UnitId) -> dict[str, Any] | None:
     if record.get("bench"):
         return record
     raise CheckpointError(f"'{description_path}' is missing and units/{unit}.json holds no timing; delete that record to retrain it")
+
+
+def warm_start(ctx: RunContext, seed: int) -> tuple[GatedModel, GatedModel, int]:
+    """(the dense model of ``seed``, a copy of it to train, the dense model's steps from initialisation)."""
+    dense, steps = ctx.load(dense_unit(seed))
+    return dense, copy.deepcopy(dense), steps

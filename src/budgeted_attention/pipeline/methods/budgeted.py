@@ -1,16 +1,18 @@
 """``budgeted``: the one budgeted checkpoint, soft gates trained from the dense model and
 evaluated at every budget (cost: soft estimate). ``budgeted-sandwich`` is the same stage trained
 with the sandwich rule (full model, smallest budget and random budgets every step, distilled in
-place), whatever ``train.budget_sampling`` says (``budgeted`` follows it)."""
+place), whatever ``train.budget_sampling`` says (``budgeted`` follows it).
+
+``budgeted-scratch``: the budgeted stage from a random init for the same total steps (the
+paper's ablation: one budget per step, whatever ``train.budget_sampling`` says)."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 from typing import Any
 
-from budgeted_attention.checkpoint import save_model
 from budgeted_attention.pipeline.context import RunContext
-from budgeted_attention.pipeline.methods.base import Method, dense_unit, soft_rows, stopping, variant_train_config
+from budgeted_attention.pipeline.methods.base import Method, dense_unit, soft_rows, stopping, variant_train_config, warm_start
 from budgeted_attention.pipeline.units import Unit, UnitId
 from budgeted_attention.training.stages import train_budgeted
 
@@ -26,14 +28,32 @@ class Budgeted(Method):
         return [Unit(UnitId("budgeted", seed, variant=self.variant), self.train)]
 
     def train(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
-        dense, description = ctx.load(dense_unit(unit.seed))
-        model = copy.deepcopy(dense)
+        dense, model, dense_steps = warm_start(ctx, unit.seed)
         train_cfg = variant_train_config(ctx.cfg, unit.variant)
         teacher = None if train_cfg.budget_sampling == "sandwich" else dense  # the sandwich distils in place
         log = train_budgeted(
             model, ctx.splits.train, train_cfg, ctx.unit_costs(model), seed=unit.seed, teacher=teacher, desc=unit.name,
             progress=ctx.progress, task=ctx.task, val=ctx.splits.val, val_budgets=ctx.cfg.budgets,
         )
-        steps = int(description["steps"]) + log.steps
-        save_model(model, ctx.checkpoint(unit), artifacts_dir=ctx.run.path, method=unit.name, seed=unit.seed, steps=steps)
+        steps = dense_steps + log.steps
+        ctx.save(unit, model, steps)
         return {"rows": soft_rows(ctx, unit.name, model, unit.seed, steps, ctx.cfg.budgets), **stopping(log)}
+
+
+class Scratch(Method):
+    names = ("budgeted-scratch",)
+
+    def units(self, cfg, seed: int) -> list[Unit]:
+        return [Unit(UnitId("budgeted-scratch", seed), self.train)]
+
+    def train(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
+        model = ctx.builder.create()
+        # Same total steps as the warm-started path: the dense model's actual steps (it may have
+        # stopped early) plus the budgeted stage.
+        steps = ctx.cfg.train.scratch_steps or ctx.steps_of(dense_unit(unit.seed)) + ctx.cfg.train.budgeted_steps
+        scratch_cfg = dataclasses.replace(ctx.cfg.train, budget_sampling="single")
+        log = train_budgeted(
+            model, ctx.splits.train, scratch_cfg, ctx.unit_costs(model), seed=unit.seed, steps=steps, desc="scratch", progress=ctx.progress,
+            task=ctx.task, val=ctx.splits.val, val_budgets=ctx.cfg.budgets,
+        )
+        return {"rows": soft_rows(ctx, "budgeted-scratch", model, unit.seed, log.steps, ctx.cfg.budgets), **stopping(log)}

@@ -1,17 +1,18 @@
 """``dense``: full attention, the warm start of every other method (early-stopped on validation
-accuracy when ``train.early_stopping_patience`` > 0).
+accuracy when ``train.early_stopping_patience`` > 0). Under ``budget_scope: all`` its FFN neurons
+are then sorted by importance on the training split (function-preserving), so every method
+starts from the same sorted dense model.
 
-Under ``budget_scope: all`` its FFN neurons are then sorted by importance on the training split
-(function-preserving), so every method starts from the same sorted dense model.
+``dense-long``: the dense model trained on for as many steps as the budgeted path adds (budgeted
++ hard), the equal-steps control for any "beats dense" claim.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from budgeted_attention.checkpoint import save_model
 from budgeted_attention.pipeline.context import RunContext
-from budgeted_attention.pipeline.methods.base import Method, dense_row, dense_unit
+from budgeted_attention.pipeline.methods.base import Method, dense_row, dense_unit, stopping
 from budgeted_attention.pipeline.outputs import Collected
 from budgeted_attention.pipeline.units import Unit, UnitId
 from budgeted_attention.pruning.importance import sort_ffn_by_importance
@@ -32,7 +33,7 @@ class Dense(Method):
             # DynaBERT-style reordering on the TRAINING split: groups of consecutive neurons then
             # hold neurons of similar importance, and the first groups the most important ones.
             sort_ffn_by_importance(model, ctx.splits.train, batch_size=ctx.cfg.train.batch_size, task=ctx.task)
-        save_model(model, ctx.checkpoint(unit), artifacts_dir=ctx.run.path, method="dense", seed=unit.seed, steps=log.steps)
+        ctx.save(unit, model, log.steps)
         return {
             "rows": [dense_row(ctx, "dense", model, unit.seed, log.steps)], "steps_run": log.steps_run, "val_history": log.val_history,
             "loss_curve": log.loss_curve(),
@@ -43,3 +44,23 @@ class Dense(Method):
         collected.add_rows(unit, record)
         if record.get("loss_curve"):
             collected.curves[f"dense, seed {unit.seed}"] = record["loss_curve"]
+
+
+class DenseLong(Method):
+    names = ("dense-long",)
+
+    def units(self, cfg, seed: int) -> list[Unit]:
+        return [Unit(UnitId("dense-long", seed), self.train)]
+
+    def train(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
+        """The dense warm start trained on for the budgeted path's steps. With
+        ``train.early_stop_budgeted`` (and a patience) it is early-stopped on validation as the
+        warm start, the ladder and the budgeted stages are (those steps the maximum, best weights
+        kept); without it, a fixed schedule as in the published runs."""
+        model, steps = ctx.load(dense_unit(unit.seed))
+        val = ctx.splits.val if ctx.cfg.train.early_stop_budgeted else None
+        log = train_dense(
+            model, ctx.splits.train, ctx.cfg.train, seed=unit.seed, progress=ctx.progress, val=val, steps=ctx.cfg.path_steps,
+            desc="dense-long", task=ctx.task,
+        )
+        return {"rows": [dense_row(ctx, "dense-long", model, unit.seed, steps + log.steps)], **stopping(log)}

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from budgeted_attention.benchmark.runner import bench_ranking
-from budgeted_attention.checkpoint import load_ranking, save_model
 from budgeted_attention.pipeline.context import RunContext
 from budgeted_attention.pipeline.methods.base import Method, bench_config, bench_kwargs, hard_rows, stopping, variant_train_config
 from budgeted_attention.pipeline.outputs import Collected, attach_speed
@@ -30,7 +29,7 @@ class BudgetedHard(Method):
         ]
 
     def train(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
-        model, description = ctx.load(UnitId("budgeted", unit.seed, variant=unit.variant))
+        model, budgeted_steps = ctx.load(UnitId("budgeted", unit.seed, variant=unit.variant))
         ranking = ctx.rank(model, model.unit_importance())
         kept = {b: ranking.kept(b) for b in ctx.cfg.budgets}
         before = {r.budget: r for r in hard_rows(ctx, "before", model, unit.seed, 0, kept)}
@@ -38,8 +37,8 @@ class BudgetedHard(Method):
             model, ctx.splits.train, variant_train_config(ctx.cfg, unit.variant), ranking, seed=unit.seed, desc=unit.name,
             progress=ctx.progress, task=ctx.task, val=ctx.splits.val, val_budgets=ctx.cfg.budgets,
         )
-        steps = int(description["steps"]) + log.steps
-        save_model(model, ctx.checkpoint(unit), artifacts_dir=ctx.run.path, method=unit.name, seed=unit.seed, steps=steps, ranking=ranking.to_dict())
+        steps = budgeted_steps + log.steps
+        ctx.save(unit, model, steps, ranking=ranking.to_dict())
         rows = hard_rows(ctx, unit.name, model, unit.seed, steps, kept)
         for row in rows:
             row.accuracy_before_adaptation = before[row.budget].accuracy
@@ -49,9 +48,7 @@ class BudgetedHard(Method):
 
     def bench(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
         """The hard checkpoint pruned at each benchmark budget (default: the budgets below 1), timed."""
-        trained = UnitId("budgeted-hard", unit.seed, variant=unit.variant)
-        model, description = ctx.load(trained)
-        ranking = load_ranking(ctx.checkpoint(trained), description, model)
+        model, ranking = ctx.load_ranked(UnitId("budgeted-hard", unit.seed, variant=unit.variant))
         budgets = ctx.cfg.bench.budgets or [b for b in ctx.cfg.budgets if b < 1.0]
         return {"bench": bench_ranking(model, ranking, bench_config(ctx, budgets), **bench_kwargs(ctx))}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from budgeted_attention.benchmark.runner import bench_against_reference
-from budgeted_attention.checkpoint import save_model
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.registry import families_with
@@ -70,7 +69,7 @@ class Ladder(Method):
             model, ctx.splits.train, ctx.cfg.train, seed=unit.seed, progress=ctx.progress, val=ctx.splits.val,
             steps=ctx.steps_of(dense_unit(unit.seed)) + ctx.cfg.path_steps, desc=f"ladder {unit.index}", task=ctx.task,
         )
-        save_model(model, ctx.checkpoint(unit), artifacts_dir=ctx.run.path, method="ladder", seed=unit.seed, steps=log.steps)
+        ctx.save(unit, model, log.steps)
         fraction = _fraction(ctx, big, model)
         row = ResultRow(
             method="ladder", budget=round(min(1.0, fraction), 3), seed=unit.seed, **ctx.metrics(model),

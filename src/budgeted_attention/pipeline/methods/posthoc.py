@@ -1,6 +1,10 @@
 """``posthoc``: zero-shot structural pruning of the dense model, units ranked on the validation
 split (gradient of a unit mask, Michel et al. 2019; or leave-one-out, heads only), no retraining.
-The ranking is kept beside the unit records (``posthoc-ranking.json``) for the recovered methods."""
+The ranking is kept beside the unit records (``posthoc-ranking.json``) for the recovered methods.
+
+``posthoc-recovered``: post-hoc pruning of the dense model plus as many recovery steps as the
+budgeted path adds (``train.recovery_steps`` when set); ``posthoc-recovered-1ep``: one recovery
+epoch (the paper's variant). One unit per budget below 1."""
 
 from __future__ import annotations
 
@@ -14,15 +18,10 @@ from budgeted_attention.pipeline.context import RunContext
 from budgeted_attention.pipeline.methods.base import Method, dense_unit, hard_rows
 from budgeted_attention.pipeline.units import UNIT_DIGEST_KEY, Unit, UnitId
 from budgeted_attention.pruning.importance import leave_one_out_importance, unit_gradient_importance
-from budgeted_attention.pruning.selection import Ranking, ranking_from_dict
+from budgeted_attention.pruning.selection import Ranking
+from budgeted_attention.training.stages import train_masked
 
 RANKING = "posthoc-ranking.json"
-
-
-def check_importance(cfg) -> None:
-    """Leave-one-out scores heads only: refused under ``budget_scope: all``."""
-    if cfg.budget_scope == "all" and cfg.posthoc_importance != "gradient":
-        raise ConfigError("posthoc_importance 'leave-one-out' scores heads only; use 'gradient' with budget_scope 'all'")
 
 
 def posthoc_ranking(ctx: RunContext, seed: int) -> Ranking:
@@ -31,7 +30,7 @@ def posthoc_ranking(ctx: RunContext, seed: int) -> Ranking:
     if path.exists():
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))
-            ranking = ranking_from_dict(saved)
+            ranking = Ranking.from_dict(saved)
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
             raise CheckpointError(f"post-hoc ranking '{path}' is malformed ({exc}); delete it to recompute") from exc
         ctx.check_unit_digest(path, saved)
@@ -52,13 +51,40 @@ class Posthoc(Method):
     names = ("posthoc",)
 
     def check(self, cfg) -> None:
-        check_importance(cfg)
+        """Leave-one-out scores heads only: refused under ``budget_scope: all``."""
+        if cfg.budget_scope == "all" and cfg.posthoc_importance != "gradient":
+            raise ConfigError("posthoc_importance 'leave-one-out' scores heads only; use 'gradient' with budget_scope 'all'")
 
     def units(self, cfg, seed: int) -> list[Unit]:
         return [Unit(UnitId("posthoc", seed), self.evaluate)]
 
     def evaluate(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
-        dense, description = ctx.load(dense_unit(unit.seed))
+        dense, steps = ctx.load(dense_unit(unit.seed))
         ranking = posthoc_ranking(ctx, unit.seed)
         kept = {b: ranking.kept(b) for b in ctx.cfg.budgets}
-        return {"rows": hard_rows(ctx, "posthoc", dense, unit.seed, int(description["steps"]), kept)}
+        return {"rows": hard_rows(ctx, "posthoc", dense, unit.seed, steps, kept)}
+
+
+class Recovered(Posthoc):
+    """Recovery of the post-hoc pruned model at each budget below 1 (``method`` names which one),
+    with the post-hoc method's check."""
+
+    def __init__(self, method: str) -> None:
+        self.names = (method,)
+
+    def units(self, cfg, seed: int) -> list[Unit]:
+        return [Unit(UnitId(self.names[0], seed, budget=b), self.train) for b in cfg.budgets if b < 1.0]
+
+    def train(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
+        method, budget = unit.kind, unit.budget
+        model, dense_steps = ctx.load(dense_unit(unit.seed))
+        ranking = posthoc_ranking(ctx, unit.seed)
+        if method == "posthoc-recovered":
+            steps = ctx.cfg.train.recovery_steps or ctx.cfg.path_steps
+        else:
+            steps = ctx.cfg.train.epoch_steps(len(ctx.splits.train))
+        log = train_masked(
+            model, ctx.splits.train, ctx.cfg.train, ranking.masks(budget), steps=steps, seed=unit.seed, desc=f"{method} b={budget}",
+            progress=ctx.progress, task=ctx.task,
+        )
+        return {"rows": hard_rows(ctx, method, model, unit.seed, dense_steps + log.steps, {budget: ranking.kept(budget)})}

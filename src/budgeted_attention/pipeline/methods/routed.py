@@ -5,15 +5,13 @@ together by the unit ``bench-routed`` (``routed.json``/``.md``)."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any
 
 from budgeted_attention.benchmark.per_input import bench_per_input
-from budgeted_attention.checkpoint import save_model
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.pipeline.context import RunContext
-from budgeted_attention.pipeline.methods.base import Method, dense_unit
+from budgeted_attention.pipeline.methods.base import Method, dense_unit, warm_start
 from budgeted_attention.pipeline.outputs import Collected, attach_speed
 from budgeted_attention.pipeline.units import Unit, UnitId
 from budgeted_attention.reporting.rows import ResultRow
@@ -39,13 +37,12 @@ class Routed(Method):
         """Rows: test metrics, realised mean cost and heads at each budget; a capped router is
         calibrated on validation."""
         method, seed, mode = unit.kind, unit.seed, ROUTED_METHODS[unit.kind]
-        dense, description = ctx.load(dense_unit(seed))
-        model = copy.deepcopy(dense)
+        dense, model, dense_steps = warm_start(ctx, seed)
         model.attach_router(dataclasses.replace(ctx.cfg.router, mode=mode))
         log = train_routed(
             model, ctx.splits.train, ctx.cfg.train, seed=seed, steps=ctx.cfg.path_steps, teacher=dense, desc=method, progress=ctx.progress, task=ctx.task,
         )
-        steps = int(description["steps"]) + log.steps
+        steps = dense_steps + log.steps
         budgets = self._budgets(ctx, mode)
         fixed = [b for b in budgets if b is not None]
         calibration = calibrate_router(model, ctx.splits.val, fixed, batch_size=ctx.eval_batch) if mode == "capped" else {}
@@ -53,7 +50,7 @@ class Routed(Method):
         if model.router.by_difficulty:  # how unequal the allocation is, chosen per budget on validation
             spread = choose_spread(model, ctx.splits.val, fixed, task=ctx.task, batch_size=ctx.eval_batch)
             calibration = {b: model.router.calibration[b] for b in calibration}
-        save_model(model, ctx.checkpoint(unit), artifacts_dir=ctx.run.path, method=method, seed=seed, steps=steps)
+        ctx.save(unit, model, steps)
         cost = model.cost_model(ctx.bench_seq)
         rows, profiles, as_trained = [], {}, {}
         for b in budgets:

@@ -5,17 +5,13 @@ estimate)."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any
 
 from budgeted_attention.benchmark.runner import bench_models
-from budgeted_attention.checkpoint import load_ranking, save_model
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.pipeline.context import RunContext
-from budgeted_attention.pipeline.methods.base import (
-    Method, bench_config, bench_kwargs, dense_unit, hard_rows, saved_or_timed, soft_rows, stopping,
-)
+from budgeted_attention.pipeline.methods.base import Method, bench_config, bench_kwargs, hard_rows, saved_or_timed, soft_rows, stopping, warm_start
 from budgeted_attention.pipeline.outputs import Collected, attach_speed
 from budgeted_attention.pipeline.units import Unit, UnitId
 from budgeted_attention.training.stages import train_budgeted, train_hard
@@ -39,15 +35,14 @@ class Static(Method):
     def train(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
         """Soft gates at b only, its own top-k, hard adaptation; saved as ``static-b<b>``."""
         seed, budget = unit.seed, unit.budget
-        dense, description = ctx.load(dense_unit(seed))
-        model = copy.deepcopy(dense)
+        dense, model, dense_steps = warm_start(ctx, seed)
         # One budget only: the sandwich rule does not apply to a specialist.
         fixed = dataclasses.replace(ctx.cfg.train, budget_min=budget, budget_max=budget, full_budget_prob=0.0, budget_sampling="single")
         log = train_budgeted(
             model, ctx.splits.train, fixed, ctx.unit_costs(model), seed=seed, teacher=dense, desc=f"static b={budget}", progress=ctx.progress,
             task=ctx.task, val=ctx.splits.val, val_budgets=[budget],
         )
-        soft_steps = int(description["steps"]) + log.steps
+        soft_steps = dense_steps + log.steps
         rows = soft_rows(ctx, "static-soft", model, seed, soft_steps, [budget])
         ranking = ctx.rank(model, model.unit_gates(budget))
         hard_log = train_hard(
@@ -56,7 +51,7 @@ class Static(Method):
         )
         steps = soft_steps + hard_log.steps
         rows += hard_rows(ctx, "static", model, seed, steps, {budget: ranking.kept(budget)})
-        save_model(model, ctx.checkpoint(unit), artifacts_dir=ctx.run.path, method="static", seed=seed, steps=steps, ranking=ranking.to_dict())
+        ctx.save(unit, model, steps, ranking=ranking.to_dict())
         logs = (("soft", log), ("hard", hard_log))
         return {"rows": rows, **{f"{stage}_{key}": value for stage, stage_log in logs for key, value in stopping(stage_log).items()}}
 
@@ -67,8 +62,8 @@ class Static(Method):
         old = saved_or_timed(ctx, trained)
         if old is not None:
             return {"rows": [], "bench": old["bench"]}
-        model, description = ctx.load(trained)
-        kept = {unit.budget: load_ranking(ctx.checkpoint(trained), description, model).kept(unit.budget)}
+        model, ranking = ctx.load_ranked(trained)
+        kept = {unit.budget: ranking.kept(unit.budget)}
         return {"rows": [], "bench": bench_models(model, kept, bench_config(ctx, [unit.budget], include_sliced=False), **bench_kwargs(ctx))}
 
     @staticmethod
