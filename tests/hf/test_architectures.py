@@ -22,7 +22,6 @@ from budgeted_attention.hf.architectures import (  # noqa: E402
     self_attention,
     set_self_attention,
     unmodified_reference,
-    uses_token_type_ids,
 )
 from budgeted_attention.hf.bert import GatedBertClassifier, GatedBertSelfAttention  # noqa: E402
 
@@ -70,7 +69,7 @@ def _batch(hf, kind):
     mask[2, 9:] = 0
     ids = ids.masked_fill(mask == 0, pad)
     batch = {"input_ids": ids, "attention_mask": mask}
-    if uses_token_type_ids(hf):
+    if kind in ("bert", "electra"):  # pretrained with segment ids (RoBERTa / XLM-R are not)
         types = torch.zeros_like(ids)
         types[:, 4:] = 1
         batch["token_type_ids"] = types * mask
@@ -87,8 +86,6 @@ def test_registry_lists_families_with_bert_self_attention_layout():
             assert hasattr(attention, name), (kind, name)
         assert all(isinstance(getattr(attention, n), torch.nn.Linear) for n in ("query", "key", "value"))
         assert isinstance(attention_output_dense(encoder_layers(model)[0]), torch.nn.Linear)
-        assert family.layers_path == f"{family.base_attr}.encoder.layer"
-        assert model.get_submodule(family.layers_path) is base_model(model).encoder.layer
         head_keys = [k for k in model.state_dict() if k.startswith(family.head_prefixes)]
         assert head_keys and all(k.startswith(("classifier.", "bert.pooler.")) for k in head_keys)
 
@@ -287,7 +284,6 @@ def test_classifier_from_config_round_trips_a_saved_config(kind):
     assert type(rebuilt) is type(source)
     assert rebuilt.config._attn_implementation == "sdpa"
     rebuilt.load_state_dict(source.state_dict())
-    assert uses_token_type_ids(rebuilt) == (kind in ("bert", "electra"))
 
 
 def test_classifier_from_config_refuses_unsupported_types():

@@ -47,12 +47,6 @@ class Architecture:
     base_attr: str  # attribute holding the base model (also transformers' ``base_model_prefix``)
     head_prefixes: tuple[str, ...]  # state-dict keys (model naming) of the classification head
     ignorable_prefixes: tuple[str, ...]  # checkpoint weights the classifier does not use (base prefix stripped)
-    token_type_ids: bool  # whether the family's pretrained models take a second segment
-
-    @property
-    def layers_path(self) -> str:
-        """Dotted path of the encoder layer list inside the classifier."""
-        return f"{self.base_attr}.encoder.layer"
 
     def classifier(self) -> type:
         import transformers  # noqa: PLC0415 - optional dependency
@@ -69,25 +63,21 @@ ARCHITECTURES: dict[str, Architecture] = {
         # add_pooling_layer=False) gets a new one, trained with the head.
         head_prefixes=("classifier.", "bert.pooler."),
         ignorable_prefixes=("cls.",),  # BertForPreTraining / BertForMaskedLM heads
-        token_type_ids=True,
     ),
     "electra": Architecture(
         "electra", "ElectraForSequenceClassification", "electra",
         head_prefixes=_ROBERTA_HEAD,
         ignorable_prefixes=("discriminator_predictions.", "generator_predictions.", "generator_lm_head."),
-        token_type_ids=True,
     ),
     "roberta": Architecture(
         "roberta", "RobertaForSequenceClassification", "roberta",
         head_prefixes=_ROBERTA_HEAD,
         ignorable_prefixes=("lm_head.", "pooler."),  # the classifier is built without a pooler
-        token_type_ids=False,
     ),
     "xlm-roberta": Architecture(
         "xlm-roberta", "XLMRobertaForSequenceClassification", "roberta",
         head_prefixes=_ROBERTA_HEAD,
         ignorable_prefixes=("lm_head.", "pooler."),
-        token_type_ids=False,
     ),
 }
 
@@ -299,12 +289,6 @@ def set_intermediate(layer: nn.Module, module: nn.Module) -> None:
 def ffn_output_dense(layer: nn.Module) -> nn.Linear:
     """The second feed-forward projection (``layer.output.dense``); its input columns follow the FFN neurons."""
     return layer.output.dense
-
-
-def uses_token_type_ids(hf_model: nn.Module) -> bool:
-    """Whether the model was pretrained with segment ids (BERT, ELECTRA; not RoBERTa/XLM-R)."""
-    family = _architecture_of(hf_model)
-    return family.token_type_ids and getattr(hf_model.config, "type_vocab_size", 0) > 1
 
 
 def classifier_from_config(config_dict: dict):

@@ -1,13 +1,8 @@
 """Multi-head self-attention with per-head gates and prefix slicing of heads.
 
-Weight layout (chosen so that any prefix of heads is a contiguous, copy-free view):
-
-* ``qkv_weight`` (n_heads * 3 * head_dim, d_model): rows of head h are ``[q_h; k_h; v_h]``.
-* ``out_weight_t`` (n_heads * head_dim, d_model): the output projection stored transposed,
-  rows of head h are ``head_dim`` consecutive rows.
-
-With heads sorted by importance, serving the first ``n`` heads of a layer is slicing
-``qkv_weight[: n * 3 * head_dim]`` and ``out_weight_t[: n * head_dim]``: no copy, no rebuild.
+The weights are in the layout of :mod:`~budgeted_attention.model.heads` (``qkv_weight`` rows
+``[q_h; k_h; v_h]`` per head, ``out_weight_t`` transposed), so with heads sorted by importance,
+serving the first ``n`` heads of a layer is slicing the first rows: no copy, no rebuild.
 """
 
 from __future__ import annotations

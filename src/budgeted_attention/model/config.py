@@ -190,10 +190,6 @@ class ModelConfig:
             return [self.d_ff] * self.n_layers
         return [len(ids) * self.ffn_group_size for ids in self.ffn_group_ids]
 
-    @property
-    def is_pruned(self) -> bool:
-        return any(h != self.n_heads for h in self.heads_per_layer) or any(w != self.d_ff for w in self.ffn_widths)
-
     def unpruned(self, **changes: Any) -> ModelConfig:
         """The same shape (with ``changes``, e.g. ``d_model=96``) and every head (and FFN group)
         present in its original order."""

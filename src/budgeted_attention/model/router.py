@@ -415,9 +415,7 @@ class HeadRouter(nn.Module):
 
 def _interpolate(table: dict[float, float], budget: float, default: float) -> float:
     """A per-budget value, linear in logit(b) between the budgets of ``table`` and held beyond them."""
-    if not table:
-        return default
-    return _interpolate_points(tuple(table.items()), budget)
+    return _interpolate_points(tuple(table.items()), budget) if table else default
 
 
 @functools.lru_cache(maxsize=256)
