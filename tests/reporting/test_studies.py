@@ -165,6 +165,8 @@ def test_docs_figures_come_from_the_generated_report_and_every_link_resolves():
     results, log = REPO / "docs" / "results.md", REPO / "docs" / "lab" / "results-log.md"
     linked = set(_image_links(results))
     assert linked == {p.resolve() for p in (REPO / "docs" / "figures").glob("*")}  # docs/figures: the report's, all of them
+    for page in [REPO / "README.md", *(REPO / "docs").glob("*.md")]:  # any other page shows the report's figures only
+        assert set(_image_links(page)) <= linked, page
     missing = [p for p in _image_links(log) if not p.is_file()]
     assert not missing and log.read_text().startswith("> ")
 

@@ -64,7 +64,7 @@ def _errorbar(ax: Any, method: str, entries: list[dict[str, Any]], x: Any, y: An
     entries = sorted(entries, key=x)
     ax.errorbar([x(e) for e in entries], [y(e)[0] for e in entries], yerr=[y(e)[1] for e in entries],
                 xerr=None if xerr is None else [xerr(e) for e in entries], capsize=3, label=label or method,
-                linestyle="-" if len(entries) > 1 else "none", **style(method), **kw)
+                linestyle="-" if len(entries) > 1 else "none", zorder=3 if method.startswith("dense") else 2, **style(method), **kw)
 
 
 def _metric(rows: list[dict[str, Any]]) -> tuple[Any, Any]:
