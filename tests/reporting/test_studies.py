@@ -54,6 +54,8 @@ def _studies(root: Path) -> Path:
         {"name": "serving", "question": "Does the SLO hold?", "config": "configs/m.yaml", "seeds": [0],
          "commands": ["baa experiment c.yaml --out runs/m", "python benchmarks/serve_load.py runs/m --out runs/load"],
          "table": {"kind": "serve", "run": "runs/load", "target": {"min_slo": 0.9}}, "headline": [{"mode": "slo"}]},
+        {"name": "ladder", "question": "Above the ladder?", "config": "configs/l.yaml", "seeds": [0, 1, 2],
+         "commands": ["baa experiment configs/l.yaml --out runs/l"], "table": {"kind": "ladder"}},
         {"name": "lm", "question": "Never run here?", "config": "configs/lm.yaml", "seeds": [0],
          "commands": ["baa lm configs/lm.yaml --out runs/lm"], "table": {"kind": "sweep"}},
     ]
@@ -79,6 +81,13 @@ def test_studies_page_tables_targets_replication_and_readme(tmp_path):
               for mode, slo in (("fixed-1", 0.4), ("slo", 0.97)) for r in (0, 1)]
     _run(tmp_path, "m", _sweep_rows())  # the served model: no serve_load.json, so not a replica of the load test
     _run(tmp_path, "load", [], serve_load__json={"trials": trials, "setting": {}})
+    ladder = []
+    for seed in (0, 1, 2):  # the curve 2 points above the faster ladder model, 3 below the slower one, in every seed
+        ladder += [{"method": "budgeted-hard", "budget": b, "seed": seed, "accuracy": a + 0.001 * seed, "cost": b, "cost_kind": "kept-heads",
+                    "speedup": s} for b, a, s in ((0.25, 0.82, 3.0), (0.5, 0.85, 2.0), (1.0, 0.90, 1.0))]
+        ladder += [{"method": "ladder", "variant": v, "budget": c, "seed": seed, "accuracy": a, "cost": c, "cost_kind": "smaller-dense",
+                    "speedup": s} for v, c, a, s in (("fast", 0.3, 0.80, 3.0), ("slow", 0.6, 0.88, 1.5))]
+    _run(tmp_path, "l", ladder)
     stale = tmp_path / "docs" / "figures" / "demo_old.png"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"old")
@@ -99,6 +108,10 @@ def test_studies_page_tables_targets_replication_and_readme(tmp_path):
     assert "| 0.75 | 1 | 128 | 1 | 0.95x | 2.00x | FAILS: 0.95x (target ≥ 1x) |" in _section(text, "onnx")
     serving = _section(text, "serving")
     assert "| bursty | 2x | fixed-1 | 2 | 39.5 ± 0.7 [39.0, 40.0] |" in serving and "FAILS: SLO attainment 39.5% (target ≥ 90%)" in serving
+    lad = _section(text, "ladder")
+    assert "| budgeted-hard | fast (cost 0.30) | 3 of 3 | 3.00x | 80.00 ± 0.00 | 82.10 ± 0.10 | +2.10 ± 0.10 |" in lad
+    slow = next(line for line in lad.splitlines() if "slow (cost 0.60)" in line)
+    assert slow.endswith("| FAILS: below the ladder model |") and "| +2.10" not in slow
     assert _section(text, "lm").strip().endswith("not run here: `make study-lm`") and "|" not in _section(text, "lm")
     replication = _section(text, "Replication")  # demo measured on two machines; serving's model dir is no replica
     assert "`runs/demo`" in replication and "`runs/demo_other`" in replication and "AMD EPYC, 2 CPUs" in replication
@@ -108,8 +121,8 @@ def test_studies_page_tables_targets_replication_and_readme(tmp_path):
     block = readme.read_text()
     assert block.startswith(f"# Project\n\nintro\n{BEGIN}\n") and block.endswith(f"{END}\n\nrest\n") and "old table" not in block
     rows = [line for line in block.splitlines() if line.startswith("| [")]
-    assert [re.match(r"\| \[(\w+)\]\(docs/results.md#\1\)", r).group(1) for r in rows] == ["demo", "onnx", "serving", "lm"]
-    assert "acc. % 89.50" in rows[0] and "not run here: `make study-lm`" in rows[3]
+    assert [re.match(r"\| \[(\w+)\]\(docs/results.md#\1\)", r).group(1) for r in rows] == ["demo", "onnx", "serving", "ladder", "lm"]
+    assert "acc. % 89.50" in rows[0] and "not run here: `make study-lm`" in rows[4]
 
 
 def test_missing_markers_fail_before_anything_is_written(tmp_path):
