@@ -202,11 +202,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
-            refused = exc.__context__ if isinstance(exc.__context__, _Refused) else None
-            if refused is None:
-                self._refuse(400, "Bad Request", "invalid HTTP request")
-            else:
-                self._refuse(refused.status, refused.reason, refused.message)
+            refused = exc.__context__ if isinstance(exc.__context__, _Refused) else _Refused(400, "Bad Request", "invalid HTTP request")
+            self._refuse(refused.status, refused.reason, refused.message)
             return
         except httptools.HttpParserUpgrade:
             self._unsupported_upgrade_warning()
@@ -360,23 +357,19 @@ class RequestGuard:
             return
         head = scope["headers"]
         if len(head) > self.cfg.max_headers or sum(len(n) + len(v) + 4 for n, v in head) > self.cfg.max_header_bytes:
-            await self._refuse(send, 431, "request headers over serve.max_headers / serve.max_header_bytes")
-            return
+            return await self._refuse(send, 431, "request headers over serve.max_headers / serve.max_header_bytes")
         for name in (b"host", b"authorization"):
             # One each: dict() keeps the last of several, the framework reads the first, so two
             # Host headers could pass the allowed_hosts check with one name and be served as another.
             if sum(1 for n, _ in head if n.lower() == name) > 1:
-                await self._refuse(send, 400, f"more than one {name.decode().title()} header")
-                return
+                return await self._refuse(send, 400, f"more than one {name.decode().title()} header")
         headers = {n.lower(): v for n, v in head}
         probe = scope["path"] in PROBES
         if self.cfg.allowed_hosts and not probe and not self._host_allowed(headers):
             host = headers.get(b"host", b"").decode("latin-1")[:100]
-            await self._refuse(send, 400, f"Host {host!r} is not one of serve.allowed_hosts")
-            return
+            return await self._refuse(send, 400, f"Host {host!r} is not one of serve.allowed_hosts")
         if self._key is not None and (not probe or self.cfg.auth_probes) and not self._authorised(headers):
-            await self._refuse(send, 401, "missing or wrong API key (send 'Authorization: Bearer <key>')", [(b"www-authenticate", b"Bearer")])
-            return
+            return await self._refuse(send, 401, "missing or wrong API key (send 'Authorization: Bearer <key>')", [(b"www-authenticate", b"Bearer")])
         if scope["method"] in ("POST", "PUT", "PATCH"):
             body = await self._read_body(scope, receive, send, headers)
             if body is None:
@@ -389,11 +382,9 @@ class RequestGuard:
         declared = headers.get(b"content-length")
         if declared is not None:
             if not declared.isdigit():
-                await self._refuse(send, 400, "Content-Length is not a number")
-                return None
+                return await self._refuse(send, 400, "Content-Length is not a number")
             if int(declared) > self.body_limit:
-                await self._refuse(send, 413, f"body of {int(declared)} bytes, the limit is serve.max_body_bytes = {self.body_limit}")
-                return None
+                return await self._refuse(send, 413, f"body of {int(declared)} bytes, the limit is serve.max_body_bytes = {self.body_limit}")
         parts, size = [], 0
         # One deadline for the whole body, from the end of its head: a wait per part would let a
         # client that drips a byte just inside the timeout hold the connection (and what it sent) forever.
@@ -403,25 +394,20 @@ class RequestGuard:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
             except TimeoutError:
-                await self._refuse(send, 408, f"request body not complete within {self.cfg.body_timeout_s:g} s (serve.body_timeout_s)")
-                return None
+                return await self._refuse(send, 408, f"request body not complete within {self.cfg.body_timeout_s:g} s (serve.body_timeout_s)")
             if message["type"] == "http.disconnect":
                 if "baa.refused" not in scope:  # not the protocol's own refusal (counted there)
-                    self._client_left(scope, "while sending its body")
+                    self.disconnected()
+                    client = (scope.get("client") or ("?",))[0]
+                    log.info("baa serve: client %s disconnected while sending its body (%s %s)", client, scope["method"], scope["path"])
                 return None
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.body_limit:
-                await self._refuse(send, 413, f"body over the limit serve.max_body_bytes = {self.body_limit} bytes")
-                return None
+                return await self._refuse(send, 413, f"body over the limit serve.max_body_bytes = {self.body_limit} bytes")
             parts.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(parts)
-
-    def _client_left(self, scope: Scope, when: str) -> None:
-        self.disconnected()
-        client = scope.get("client") or ("?",)
-        log.info("baa serve: client %s disconnected %s (%s %s)", client[0], when, scope["method"], scope["path"])
 
     async def _call_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
