@@ -88,6 +88,11 @@ def test_studies_page_tables_targets_replication_and_readme(tmp_path):
         ladder += [{"method": "ladder", "variant": v, "budget": c, "seed": seed, "accuracy": a, "cost": c, "cost_kind": "smaller-dense",
                     "speedup": s} for v, c, a, s in (("fast", 0.3, 0.80, 3.0), ("slow", 0.6, 0.88, 1.5))]
     _run(tmp_path, "l", ladder)
+    for part in ("p0", "p1"):  # the ladder run was merged from parts, timed on two machines
+        _run(tmp_path, part, ladder, processor=f"CPU of {part}")
+    info = json.loads((tmp_path / "runs" / "l" / "run_info.json").read_text())
+    info["invocations"] = [{"part": "runs/p0", "command": ["baa"]}, {"part": "runs/p1", "command": ["baa"]}, {"command": ["baa", "merge"]}]
+    (tmp_path / "runs" / "l" / "run_info.json").write_text(json.dumps(info))
     stale = tmp_path / "docs" / "figures" / "demo_old.png"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"old")
@@ -115,6 +120,7 @@ def test_studies_page_tables_targets_replication_and_readme(tmp_path):
     assert _section(text, "lm").strip().endswith("not run here: `make study-lm`") and "|" not in _section(text, "lm")
     replication = _section(text, "Replication")  # demo measured on two machines; serving's model dir is no replica
     assert "`runs/demo`" in replication and "`runs/demo_other`" in replication and "AMD EPYC, 2 CPUs" in replication
+    assert "`runs/p0`" in replication and "CPU of p1, 2 CPUs" in replication  # a merged run's parts replicate it
     assert "serving" not in replication and "budget 0.25" not in replication  # the headline rows only
     assert text.count("\n|---") <= 10
 

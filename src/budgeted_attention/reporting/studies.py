@@ -6,13 +6,14 @@ page of the studies the project stands behind, and README's headline table.
 the question: ``kind`` sweep, bench, ladder or serve, with the rows it keeps and its ``target``),
 ``figure`` (a file of the run directory), ``headline`` (rows for README, one per selector) and
 ``replicas`` (run directories of the same commands run elsewhere, e.g. copied from another
-machine). Every row of a table is shown alike, none bolded; a row that misses the study's target
+machine; the parts of a merged run directory count too). Every row of a table is shown alike, none bolded; a row that misses the study's target
 says so. A study whose run directory is missing here is one line, never numbers. The machine is
 read from each run's ``run_info.json``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -216,6 +217,16 @@ def _measure(path: Path, study: dict[str, Any]) -> tuple[dict[str, Any], list[st
         return None
 
 
+def _parts(path: Path) -> list[str]:
+    """The parts a ``baa merge`` made ``path`` from, as its run_info.json records them (each ran
+    on its own machine, perhaps): a merged study is replicated by its parts where they are here."""
+    try:
+        invocations = json.loads((path / "run_info.json").read_text(encoding="utf-8")).get("invocations", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [i["part"] for i in invocations if isinstance(i, dict) and isinstance(i.get("part"), str)]
+
+
 def _selected(study: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The first row matching each headline selector (a selector without a match: no row)."""
     picked = []
@@ -239,8 +250,9 @@ def build_studies(studies: list[dict[str, Any]], root: Path, out: Path, figures_
     for study in studies:
         name, table = study["name"], study["table"]
         lines += ["", f"## {name}", "", f"**Question.** {' '.join(str(study['question']).split())}", ""]
-        measured = {d: _measure(root / d, study) for d in [*run_dirs(study), *(study.get("replicas") or [])]}
         primary = table.get("run", run_dirs(study)[0])
+        dirs = [*run_dirs(study), *(study.get("replicas") or []), *_parts(root / primary)]
+        measured = {d: _measure(root / d, study) for d in dict.fromkeys(dirs)}
         if measured.get(primary) is None:
             lines.append(f"not run here: `make study-{name}`")
             headline.append([name, study["question"], f"not run here: `make study-{name}`", ""])
@@ -273,7 +285,8 @@ def build_studies(studies: list[dict[str, Any]], root: Path, out: Path, figures_
                                for r in other_rows if tuple(sorted(r["key"].items())) in wanted]
     if replicated:
         lines += ["", "## Replication", "",
-                  "The headline rows of each study measured in more than one run directory (its commands, and its `replicas`), "
+                  "The headline rows of each study measured in more than one run directory (its commands, its `replicas`, the parts "
+                  "of a merged run), "
                   "with the machine each run directory records.", "",
                   *_markdown_table(["study", "row", "measured", "run directory", "machine", "target"], replicated)]
     return "\n".join(lines) + "\n", headline, copies
