@@ -232,7 +232,7 @@ class Ranking:
 
 
 class HeadRanking:
-    """The former heads-only ranking's constructors, kept for one release: rankings are :class:`Ranking`."""
+    """The former heads-only ranking's constructors, kept while benchmarks/ calls them: rankings are :class:`Ranking`."""
 
     @staticmethod
     def from_scores(scores: torch.Tensor, min_one_per_layer: bool = True) -> Ranking:
@@ -240,9 +240,3 @@ class HeadRanking:
         return Ranking.from_scores(UnitGates(scores), min_one_per_layer=min_one_per_layer)
 
     from_dict = Ranking.from_dict
-
-
-# Former names, kept for one release (the pipeline and older callers).
-UnitRanking = Ranking
-rank_units = Ranking.from_scores
-ranking_from_dict = Ranking.from_dict
