@@ -228,6 +228,30 @@ def test_keyboard_interrupt_is_130(capsys, monkeypatch):
     assert code == 130 and err.strip() == "baa: interrupted"
 
 
+@pytest.mark.parametrize(("name", "hint"), [("onnxruntime", "'.[serve]'"), ("transformers", "'.[hf]'"), ("some_other_package", None)])
+def test_a_missing_extra_is_one_line_naming_it(name, hint, capsys, monkeypatch):
+    import budgeted_attention.recipes.demo as demo
+
+    def missing(*args, **kwargs):
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(demo, "run_demo", missing)
+    code, _, err = _run(["demo", "--quick", "--no-progress"], capsys)
+    line = _one_error_line(code, err)
+    assert f"needs the optional dependency {name!r}" in line and (hint in line if hint else "pip install" not in line)
+
+
+def test_a_broken_import_of_our_own_is_not_called_a_missing_extra(capsys, monkeypatch):
+    import budgeted_attention.recipes.demo as demo
+
+    def broken(*args, **kwargs):
+        raise ImportError("cannot import name 'x'", name="budgeted_attention.pipeline.methods.base")
+
+    monkeypatch.setattr(demo, "run_demo", broken)
+    with pytest.raises(ImportError, match="cannot import name"):
+        main(["demo", "--quick", "--no-progress"])
+
+
 def test_serve_refuses_bad_runs_and_settings_before_starting(tmp_path, capsys):
     assert main(["serve", str(tmp_path / "nope")]) == 2
     assert "run directory not found" in capsys.readouterr().err
