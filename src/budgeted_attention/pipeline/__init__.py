@@ -16,11 +16,11 @@ from budgeted_attention.pipeline.context import RunContext, evaluate_model, make
 from budgeted_attention.pipeline.methods import ALL_METHODS, METHODS, REGISTRY
 from budgeted_attention.pipeline.methods.ladder import LADDER_KEYS
 from budgeted_attention.pipeline.methods.routed import ROUTED_METHODS
-from budgeted_attention.pipeline.scheduler import Experiment, run_experiment, seed_indices
+from budgeted_attention.pipeline.scheduler import Experiment, run_config, run_experiment, seed_indices
 from budgeted_attention.pipeline.units import UNIT_DIGEST_KEY, Unit, UnitId
 
 __all__ = [
     "ALL_METHODS", "LADDER_KEYS", "METHODS", "REGISTRY", "ROUTED_METHODS", "UNIT_DIGEST_KEY", "Experiment", "ExperimentConfig",
     "RunContext", "Unit", "UnitId", "config_digest", "config_from_dict", "evaluate_model", "load_experiment_config", "make_splits",
-    "run_experiment", "seed_indices", "unit_config_digest",
+    "run_config", "run_experiment", "seed_indices", "unit_config_digest",
 ]

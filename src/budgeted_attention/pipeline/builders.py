@@ -1,6 +1,9 @@
 """Model builders for the pipeline: how each family's *first* model is made (from a config, or
 from a pretrained checkpoint with its own tokenizer). Everything after creation (training,
-save/load, cost, pruning, bench) goes through the one :class:`GatedModel` interface."""
+save/load, cost, pruning, bench) goes through the one :class:`GatedModel` interface.
+
+Every builder is made as ``Builder(model_template, pretrained, ffn_group_size)`` and uses what
+its family needs of them (the model template, or the pretrained checkpoint)."""
 
 from __future__ import annotations
 
@@ -33,16 +36,12 @@ class PretrainedConfig:
 class EncoderBuilder:
     """The project's own pre-LN encoder, trained from scratch on a word-level vocabulary."""
 
-    def __init__(self, template: ModelConfig, ffn_group_size: int = 0) -> None:
+    def __init__(self, template: ModelConfig, pretrained: PretrainedConfig | None = None, ffn_group_size: int = 0) -> None:
         if ffn_group_size and (template.d_ff == 0 or template.d_ff % ffn_group_size):
             raise ConfigError(f"ffn_group_size ({ffn_group_size}) must divide model.d_ff ({template.d_ff}), which must be > 0")
         self.template = template
         self.ffn_group_size = ffn_group_size
         self.config: ModelConfig | None = None
-
-    @classmethod
-    def from_config(cls, model_template: ModelConfig, pretrained: PretrainedConfig, ffn_group_size: int) -> EncoderBuilder:
-        return cls(model_template, ffn_group_size)
 
     def pretrained_tokenizer(self):
         return None
@@ -74,7 +73,7 @@ class DecoderBuilder(EncoderBuilder):
 class PretrainedBuilder:
     """A pretrained BERT-family classifier (BERT, RoBERTa, ELECTRA, MiniLM...) with its own tokenizer."""
 
-    def __init__(self, pretrained: PretrainedConfig, ffn_group_size: int = 0) -> None:
+    def __init__(self, template: ModelConfig, pretrained: PretrainedConfig, ffn_group_size: int = 0) -> None:
         from transformers import AutoConfig  # noqa: PLC0415 - transformers is optional (the hf extra), needed by the bert family only
 
         from budgeted_attention.hf.architectures import architecture_of  # noqa: PLC0415 - needs transformers (the hf extra): loaded with the bert family only
@@ -90,10 +89,6 @@ class PretrainedBuilder:
             )
         self.ffn_group_size = ffn_group_size
         self.num_labels = 0
-
-    @classmethod
-    def from_config(cls, model_template: ModelConfig, pretrained: PretrainedConfig, ffn_group_size: int) -> PretrainedBuilder:
-        return cls(pretrained, ffn_group_size)
 
     def pretrained_tokenizer(self):
         from transformers import AutoTokenizer  # noqa: PLC0415 - transformers is optional (the hf extra), needed by the bert family only
@@ -128,4 +123,4 @@ def check_max_len(max_len: int, data_len: int, bench_seq_lens: list[int], what: 
 
 def make_builder(name: str, model_template: ModelConfig, pretrained: PretrainedConfig, ffn_group_size: int = 0):
     """The builder of family ``name`` (from the registry); ``ffn_group_size`` > 0 puts the FFN under the budget."""
-    return get_family(name).load_builder().from_config(model_template, pretrained, ffn_group_size)
+    return get_family(name).load_builder()(model_template, pretrained, ffn_group_size)

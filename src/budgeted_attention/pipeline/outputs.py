@@ -63,19 +63,6 @@ class Collected:
         self.bench_stems[method] = stem
 
 
-def _source(ctx: RunContext) -> str:
-    cfg = ctx.cfg
-    if cfg.task == "lm":
-        return f"'{cfg.lm_data.source}' ({cfg.lm_data.tokenizer} tokens, blocks of {cfg.lm_data.seq_len})"
-    return f"'{cfg.data.source}'"
-
-
-def _metric_note(ctx: RunContext) -> str:
-    if ctx.cfg.task == "lm":
-        return "Loss: next-token cross-entropy in nats per token on the test documents (perplexity = exp(loss)), choices made on validation."
-    return "Accuracy: test split at choices made on validation."
-
-
 def _write_routed(ctx: RunContext, collected: Collected) -> None:
     """``routed.md`` / ``routed.json``: per-input routing speed, calibration and heads by difficulty."""
     records = collected.routed_records
@@ -92,11 +79,16 @@ def write_outputs(ctx: RunContext, collected: Collected, seconds: float, partial
     """Write the outputs of the rows of the run's methods; returns ``rows``, the Markdown
     ``table`` and the ``bench`` records per timed method and seed. ``partial``: the sentence
     saying which units are missing (a ``--finished-only`` run), else None."""
-    cfg, run, setting = ctx.cfg, ctx.run, ctx.cfg.bench
+    cfg, run, setting, lm = ctx.cfg, ctx.run, ctx.cfg.bench, ctx.cfg.task == "lm"
     rows = [r for r in collected.rows if r["method"] in cfg.methods]
+    source = f"'{cfg.lm_data.source}' ({cfg.lm_data.tokenizer} tokens, blocks of {cfg.lm_data.seq_len})" if lm else f"'{cfg.data.source}'"
+    metric = (
+        "Loss: next-token cross-entropy in nats per token on the test documents (perplexity = exp(loss)), choices made on validation."
+        if lm else "Accuracy: test split at choices made on validation."
+    )
     notes = (
-        f"Experiment '{cfg.name}' on data source {_source(ctx)}, {len(cfg.seeds)} seed(s), mean ± std. "
-        f"{_metric_note(ctx)} Cost kinds: soft-estimate (C(b) of soft gates, no speed), "
+        f"Experiment '{cfg.name}' on data source {source}, {len(cfg.seeds)} seed(s), mean ± std. "
+        f"{metric} Cost kinds: soft-estimate (C(b) of soft gates, no speed), "
         f"kept-heads (physically pruned; with budget_scope 'all' the kept heads and FFN groups). Budget scope: '{cfg.budget_scope}'. Speedups: pruned models over the dense model at b = 1, both through the family's lean executor, "
         f"batch {setting.batch_sizes[0]}, sequence {ctx.bench_seq}, {setting.threads} thread(s); FLOP-ideal from the cost model.\n"
         f"Wall time of this invocation: {seconds:.0f} s.\n"
@@ -115,7 +107,7 @@ def write_outputs(ctx: RunContext, collected: Collected, seconds: float, partial
     for plot, name in zip((plot_accuracy_vs_budget, plot_accuracy_vs_cost, plot_accuracy_vs_speedup), FIGURES, strict=True):
         plot(rows, run.path / name, cfg.name)
     if collected.curves:
-        ylabel = "training loss (nats/token)" if cfg.task == "lm" else "training loss"
+        ylabel = "training loss (nats/token)" if lm else "training loss"
         plot_training_curves(collected.curves, run.path / TRAINING_CURVES, f"{cfg.name}: training from initialisation", ylabel)
     _write_routed(ctx, collected)
     for method, by_seed in collected.benches.items():

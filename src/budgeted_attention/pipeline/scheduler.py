@@ -179,8 +179,12 @@ def run_experiment(
     if finished_only and retime:  # before anything is read or written
         raise ConfigError("--retime times the models again and --finished-only runs nothing: use one of them")
     cfg = load_experiment_config(config_path, overrides, task)
-    out = out_dir or f"runs/{cfg.name}"
+    return run_config(cfg, out_dir or f"runs/{cfg.name}", progress, finished_only=finished_only, retime=retime)
+
+
+def run_config(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = True, log=print, **options: bool) -> dict[str, Any]:
+    """Run ``cfg`` into ``out_dir`` on the config's device (under ``torchrun``, one process per
+    rank, rank 0 alone reporting); ``options`` go to :meth:`Experiment.run`."""
     with distributed.running(cfg.train.device, cfg.train.bf16) as runtime:
         quiet = not runtime.is_main  # one process reports (rank 0)
-        log = (lambda *_: None) if quiet else print
-        return Experiment(cfg, out, progress=progress and not quiet, log=log).run(finished_only=finished_only, retime=retime)
+        return Experiment(cfg, out_dir, progress=progress and not quiet, log=(lambda *_: None) if quiet else log).run(**options)

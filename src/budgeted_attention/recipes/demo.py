@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from budgeted_attention.config import deep_merge, load_yaml
-from budgeted_attention.pipeline import Experiment, ExperimentConfig, config_from_dict
-from budgeted_attention.training import distributed
+from budgeted_attention.pipeline import ExperimentConfig, config_from_dict, run_config
 
 # The default demo (what `make demo` runs). b = 0.99 sits next to b = 1 to show there is no
 # cliff at full budget; the hard stage and the speed benchmark use the budgets below 1.
@@ -56,6 +55,4 @@ def load_demo_config(path: str | None, overrides: list[str], quick: bool) -> Exp
 
 def run_demo(cfg: ExperimentConfig, out_dir: str | Path, *, progress: bool = True, log=print) -> dict[str, Any]:
     """Run the demo config through the pipeline into ``out_dir``."""
-    with distributed.running(cfg.train.device, cfg.train.bf16) as runtime:
-        quiet = not runtime.is_main  # one process reports (rank 0)
-        return Experiment(cfg, out_dir, progress=progress and not quiet, log=(lambda *_: None) if quiet else log).run()
+    return run_config(cfg, out_dir, progress, log)

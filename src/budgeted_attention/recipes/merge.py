@@ -41,7 +41,7 @@ import yaml
 from budgeted_attention.config import to_dict
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.io import pid_alive, write_json_atomic, write_yaml_atomic
-from budgeted_attention.pipeline import Experiment, config_digest, config_from_dict
+from budgeted_attention.pipeline import Experiment, ExperimentConfig, config_digest, config_from_dict
 from budgeted_attention.rundir import RunDir
 from budgeted_attention.runlock import RunDirLock, abandoned, current_holder, describe_holder
 from budgeted_attention.training import distributed
@@ -67,19 +67,23 @@ def _read_part(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _check_stamp(part: Path, config: dict[str, Any]) -> None:
     """Refuse a part whose config is not the one its config digest stamped (edited after the run:
-    its units were computed under another config)."""
-
+    its units were computed under another config). Its seeds are checked on the way."""
     run = RunDir(part).check(RunDir.config_digest)
     stamped = run.config_digest.read_text(encoding="utf-8").strip()
-    try:
-        actual = config_digest(config_from_dict(config))
-    except ConfigError as exc:
-        raise ConfigError(f"'{run.config}': {exc}") from None
+    actual = config_digest(_parsed(config, part))
     if actual != stamped:
         raise ConfigError(
             f"'{run.config}' is not the config its run was made with: its digest is {actual}, "
             f"'{run.config_digest}' says {stamped} (edited after the run?); restore it or rerun that part"
         )
+
+
+def _parsed(config: dict[str, Any], part: Path) -> ExperimentConfig:
+    """A part's config as the experiment resolves it; an error names the part's config file."""
+    try:
+        return config_from_dict(config)
+    except ConfigError as exc:
+        raise ConfigError(f"'{RunDir(part).config}': {exc}") from None
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -122,11 +126,7 @@ def _resolved(config: dict[str, Any], part: Path) -> dict[str, Any]:
     """A part's config as the experiment resolves it (defaults filled in, so a part written by
     older code, without a key added since at its default, equals a newer one), seeds and the
     training device left out: where a seed trained is not what it computed."""
-
-    try:
-        resolved = to_dict(config_from_dict({**config, "seeds": [0]}))
-    except ConfigError as exc:
-        raise ConfigError(f"'{RunDir(part).config}': {exc}") from None
+    resolved = to_dict(_parsed({**config, "seeds": [0]}, part))
     resolved["train"].pop("device", None)
     resolved.pop("seeds", None)
     return resolved
@@ -135,18 +135,16 @@ def _resolved(config: dict[str, Any], part: Path) -> dict[str, Any]:
 def _check_compatible(parts: list[Path], configs: list[dict[str, Any]]) -> list[int]:
     """The union of the parts' seeds, sorted; refuses parts whose configs differ beyond the seeds
     (and the training device), overlapping seeds, different tokenizers, or a seed without its
-    units or checkpoints."""
+    units or checkpoints. The seeds are integers: :func:`_read_part` checked each part's config."""
     first = _flat(_resolved(configs[0], parts[0]))
     seen: dict[int, Path] = {}
     for part, config in zip(parts, configs, strict=True):
-        _check_links(part, [s for s in config["seeds"] if isinstance(s, int) and not isinstance(s, bool)])
+        _check_links(part, config["seeds"])
         other = _flat(_resolved(config, part))
         if other != first:
             keys = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
             raise ConfigError(f"'{part}' and '{parts[0]}' differ in more than their seeds ({', '.join(keys)}); only seeds may differ")
         for seed in config["seeds"]:
-            if isinstance(seed, bool) or not isinstance(seed, int):
-                raise ConfigError(f"'{RunDir(part).config}' lists seed {seed!r}; seeds are integers")
             if seed in seen:
                 raise ConfigError(f"seed {seed} is in both '{seen[seed]}' and '{part}'; each seed must come from one part")
             for folder in RunDir(part).seed_dirs(seed):
