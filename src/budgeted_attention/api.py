@@ -33,7 +33,7 @@ from budgeted_attention.data.dataset import Split
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.pruning.selection import Ranking
-from budgeted_attention.pruning.surgery import prune_to_budget, sort_heads
+from budgeted_attention.pruning.surgery import prune_to_budget
 from budgeted_attention.pruning.switching import SlicedModel
 from budgeted_attention.rundir import RunDir
 from budgeted_attention.training.config import TrainConfig
@@ -68,8 +68,7 @@ class Budgeted:
 
     def sliced(self) -> SlicedModel:
         """A sorted copy serving any budget by prefix slicing (``set_budget`` switches in microseconds)."""
-        ranking = self._ranking()
-        return SlicedModel(sort_heads(copy.deepcopy(self.model), ranking), ranking).eval()
+        return SlicedModel(self.model, self._ranking()).eval()  # SlicedModel sorts a copy
 
     def bench(
         self, budgets: Sequence[float] = (0.25, 0.5, 0.75), *, batch_sizes: Sequence[int] = (1,), seq_lens: Sequence[int] | None = None,
