@@ -16,6 +16,14 @@ FAST = dict(freeze_gc=False, warmup_batches=0, calibration_batch_sizes=[1], max_
 TEXTS = ["shares fall as the market opens", "the team won the match", "a new phone"]
 
 
+def wait_serving(app, seconds=120.0):
+    """Wait until the app's engine answers (it loads in the background); fail with the reason if it does not."""
+    deadline = time.monotonic() + seconds
+    while not app.state.baa.serving() and app.state.baa.failed is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert app.state.baa.serving(), app.state.baa.failed
+
+
 @pytest.fixture(scope="module")
 def engines(tiny_run):
     cfg = ServeConfig(budgets=[0.25, 0.5, 1.0], **FAST)
@@ -77,10 +85,7 @@ def test_the_server_with_an_engine_process(tiny_run):
 
     app = create_app(tiny_run, ServeConfig(budgets=[0.5, 1.0], engine_process=True, **FAST))
     with TestClient(app) as client:
-        deadline = time.monotonic() + 120
-        while not app.state.baa.serving() and app.state.baa.failed is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert app.state.baa.serving(), app.state.baa.failed
+        wait_serving(app)
         info = client.get("/v1/info").json()
         assert info["engine_process"] is True
         body = client.post("/v1/classify", json={"texts": TEXTS[:2], "budget": 0.5}).json()
@@ -98,9 +103,7 @@ def test_a_dead_engine_process_is_restarted_without_an_operator(tiny_run):
 
     app = create_app(tiny_run, ServeConfig(budgets=[1.0], min_budget=1.0, **FAST))  # engine_process: the default
     with TestClient(app) as client:
-        deadline = time.monotonic() + 120
-        while not app.state.baa.serving() and app.state.baa.failed is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_serving(app)
         assert client.get("/readyz").status_code == 200
         first = app.state.baa.engine
         first._process.kill()
@@ -132,10 +135,7 @@ def test_the_server_process_leaves_the_engine_cpus_to_the_engine(tiny_run, monke
     cpu = min(os.sched_getaffinity(0))
     app = app_module.create_app(tiny_run, ServeConfig(budgets=[1.0], min_budget=1.0, engine_cpus=[cpu], **FAST))
     with TestClient(app) as client:
-        deadline = time.monotonic() + 120
-        while not app.state.baa.serving() and app.state.baa.failed is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert app.state.baa.serving(), app.state.baa.failed
+        wait_serving(app)
         assert client.get("/v1/info").json()["engine_cpus"] == [cpu]
         assert os.sched_getaffinity(app.state.baa.engine.pid) == {cpu}
     assert pinned == [process.server_cpus([cpu])]
@@ -151,8 +151,5 @@ def test_the_server_freezes_the_garbage_collector_once_ready(tiny_run, monkeypat
     monkeypatch.setattr(app_module, "freeze_garbage_collector", lambda: frozen.append(True))  # not pytest's own GC
     app = app_module.create_app(tiny_run, ServeConfig(budgets=[1.0], min_budget=1.0, **{**FAST, "freeze_gc": True}))
     with TestClient(app):
-        deadline = time.monotonic() + 120
-        while not app.state.baa.serving() and app.state.baa.failed is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert app.state.baa.serving(), app.state.baa.failed
+        wait_serving(app)
     assert len(frozen) == 1

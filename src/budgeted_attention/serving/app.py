@@ -216,19 +216,6 @@ def calibrate_engine(engine: Any, cfg: ServeConfig, seq_len: int) -> LatencyMode
     return calibrate(run_batch, cfg.budgets, cfg.calibration_batch_sizes, seq_len=seq_len, warmup=cfg.warmup_batches)
 
 
-def info_paths(engine: Any, expose: bool) -> dict[str, Any]:
-    """Where the model came from, for ``/v1/info``: names relative to the run directory unless
-    ``expose`` (then absolute paths and the process ids)."""
-    if expose:
-        return {"run_dir": str(engine.run_dir), "checkpoint": str(engine.checkpoint), "pid": os.getpid(), "engine_pid": getattr(engine, "pid", None)}
-    checkpoint = Path(engine.checkpoint)
-    try:
-        checkpoint = checkpoint.relative_to(engine.folder())
-    except ValueError:
-        checkpoint = Path(checkpoint.name)
-    return {"run_dir": Path(engine.run_dir).name, "checkpoint": str(checkpoint)}
-
-
 def calibration_length(engine: Any, cfg: ServeConfig) -> int:
     """Tokens per text in the start-up timing: the config's, else the run's median, else 64 (capped at max_len)."""
     if cfg.calibration_seq_len:
@@ -422,8 +409,7 @@ def create_app(
         if not state.serving():
             return unavailable(state.failed or "loading")
         return {
-            **state.engine.describe(),
-            **info_paths(state.engine, cfg.expose_paths),
+            **state.engine.describe(cfg.expose_paths),
             "policy": cfg.policy,
             "floor_budget": state.floor,
             "latency_model": state.latency.as_dict(),

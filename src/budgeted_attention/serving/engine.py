@@ -12,6 +12,7 @@ The engine is not thread-safe: the batcher calls it from one worker thread.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,11 +197,18 @@ class EngineInfo:
             "runtime": self.runtime, "first_ordinary_id": self.first_ordinary_id,
         }
 
-    def describe(self) -> dict[str, Any]:
-        """What /v1/info reports."""
-        return {
-            "run_dir": str(self.run_dir),
-            "checkpoint": str(self.checkpoint),
+    def describe(self, expose_paths: bool = False) -> dict[str, Any]:
+        """What /v1/info reports; where the model came from as names relative to the run directory
+        unless ``expose_paths`` (then absolute paths, and the process ids)."""
+        checkpoint = self.checkpoint
+        if not expose_paths:
+            try:
+                checkpoint = checkpoint.relative_to(self.folder())
+            except ValueError:
+                checkpoint = Path(checkpoint.name)
+        info = {
+            "run_dir": str(self.run_dir) if expose_paths else self.run_dir.name,
+            "checkpoint": str(checkpoint),
             "family": self.family,
             "seed": self.seed,
             "backend": self.cfg.backend,
@@ -213,6 +221,9 @@ class EngineInfo:
             "labels": self.labels,
             "max_len": self.max_len,
         }
+        if expose_paths:
+            info.update(pid=os.getpid(), engine_pid=getattr(self, "pid", None))
+        return info
 
 
 class Engine(EngineInfo):

@@ -130,9 +130,9 @@ class RemoteEngine(EngineInfo):
         """Whether the child can still answer (``/readyz`` turns 503 when it cannot)."""
         return self._process.is_alive()
 
-    def _receive(self, timeout: float | None, doing: str) -> tuple[str, Any]:
+    def _receive(self, timeout: float, doing: str) -> tuple[str, Any]:
         try:
-            if timeout is not None and not self._conn.poll(timeout):
+            if not self._conn.poll(timeout):
                 raise EngineGone(f"the engine process did not answer within {timeout:.3g} s while {doing}")
             return self._conn.recv()
         except (EOFError, OSError):
