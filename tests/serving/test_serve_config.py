@@ -2,7 +2,7 @@ import pytest
 
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.serving.cli import load_serve_config
-from budgeted_attention.serving.config import ServeConfig
+from budgeted_attention.serving.config import ServeConfig, snap_to
 from budgeted_attention.serving.process import supported
 
 LINUX = pytest.mark.skipif(not supported(), reason="CPU pinning needs Linux")
@@ -42,9 +42,9 @@ def test_bad_settings_name_the_key(settings, message):
         ServeConfig(**settings)
 
 
-def test_snap_budget_rounds_down():
+def test_snap_to_rounds_down():
     cfg = ServeConfig(budgets=[0.25, 0.5, 1.0])
-    assert [cfg.snap_budget(b) for b in (0.1, 0.25, 0.6, 0.99, 1.0)] == [0.25, 0.25, 0.5, 0.5, 1.0]
+    assert [snap_to(b, cfg.budgets) for b in (0.1, 0.25, 0.6, 0.99, 1.0)] == [0.25, 0.25, 0.5, 0.5, 1.0]
 
 
 def test_yaml_file_and_overrides(tmp_path):

@@ -39,7 +39,7 @@ from budgeted_attention.config import from_dict
 from budgeted_attention.rundir import RunDir
 from budgeted_attention.serving import http
 from budgeted_attention.serving.batcher import Batcher, DeadlineExpired, Overloaded
-from budgeted_attention.serving.config import ServeConfig
+from budgeted_attention.serving.config import ServeConfig, snap_to
 from budgeted_attention.serving.errors import EngineUnavailable
 from budgeted_attention.serving.latency import LatencyModel, calibrate
 from budgeted_attention.serving.metrics import ServerMetrics, worker_exited
@@ -428,7 +428,7 @@ def create_app(
         if not state.serving():
             return refused(503, state.failed or "model is loading", {"Retry-After": state.retry_after()})
         ids = state.engine.tokenize(body.texts)
-        budget = cfg.snap_budget(body.budget) if body.budget is not None else None
+        budget = snap_to(body.budget, cfg.budgets) if body.budget is not None else None
         try:
             result = await state.batcher.submit(ids, budget, body.latency_ms)
         except (Overloaded, DeadlineExpired, EngineUnavailable) as exc:

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from budgeted_attention.serving.config import ServeConfig
+from budgeted_attention.serving.config import ServeConfig, snap_to
 from budgeted_attention.serving.errors import EngineUnavailable
 from budgeted_attention.serving.latency import Arrivals, LatencyModel, pick_budget
 
@@ -173,7 +173,7 @@ class Batcher:
         elif self.cfg.policy == "slo":
             key, deadline = SLO, arrival + self.cfg.target_p95_ms
         else:
-            key, deadline = self.cfg.snap_budget(self.cfg.default_budget), math.inf
+            key, deadline = snap_to(self.cfg.default_budget, self.cfg.budgets), math.inf
         job = Job(ids, key, deadline, arrival, asyncio.get_running_loop().create_future(), client_deadline=latency_ms is not None)
         if key == SLO:  # the look-ahead protects policy requests; fixed budgets have their own
             self._note_arrival(arrival, job.n_texts)
@@ -245,11 +245,9 @@ class Batcher:
             if not job.future.done():
                 why = "deadline passed" if job.deadline_ms < clock else f"deadline {job.deadline_ms - clock:.0f} ms away, too close to answer in time"
                 job.future.set_exception(DeadlineExpired(f"{why} after {clock - job.arrival_ms:.0f} ms in the queue"))
-        if self.observer:
-            if passed:
-                self.observer.shed("deadline_expired", len(passed))
-            if unreachable:
-                self.observer.shed("deadline_unreachable", len(unreachable))
+        for reason, shed in (("deadline_expired", passed), ("deadline_unreachable", unreachable)):
+            if shed and self.observer:
+                self.observer.shed(reason, len(shed))
         if passed or unreachable:
             self._report_queue()
 

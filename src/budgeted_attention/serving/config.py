@@ -190,10 +190,6 @@ class ServeConfig:
             return self.max_body_bytes
         return self.max_texts * (12 * self.max_text_chars + 8) + 4096
 
-    def snap_budget(self, budget: float) -> float:
-        """The largest configured budget not above ``budget`` (the smallest one if all are above)."""
-        return snap_to(budget, self.budgets)
-
 
 def snap_to(budget: float, budgets: list[float]) -> float:
     """The largest of the ascending ``budgets`` not above ``budget`` (the smallest if all are above):
