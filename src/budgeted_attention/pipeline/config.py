@@ -25,7 +25,7 @@ from budgeted_attention.model.registry import families_with, get_family
 from budgeted_attention.model.router import RouterConfig
 from budgeted_attention.pipeline.builders import PretrainedConfig
 from budgeted_attention.pipeline.methods import check_method_names, check_methods
-from budgeted_attention.tasks import TASKS, Task
+from budgeted_attention.tasks import TASKS
 from budgeted_attention.training.config import TrainConfig
 
 
@@ -74,11 +74,6 @@ class ExperimentConfig:
         self.budgets = check_budgets(self.budgets, "budgets")
         self.static_budgets = check_budgets(self.static_budgets, "static_budgets", allow_empty=True)
         check_methods(self)  # each method's own checks, on the checked fields above
-
-    @property
-    def task_spec(self) -> Task:
-        """The objective and metrics of :attr:`task`."""
-        return TASKS[self.task]
 
     @property
     def group_size(self) -> int:

@@ -20,7 +20,7 @@ from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.pipeline.units import UNIT_DIGEST_KEY, UnitId
 from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.rundir import RunDir
-from budgeted_attention.tasks import CLASSIFY, Task
+from budgeted_attention.tasks import CLASSIFY, TASKS, Task
 from budgeted_attention.training.routing import routing_statistics
 
 if TYPE_CHECKING:
@@ -74,7 +74,8 @@ class RunContext:
 
     @property
     def task(self) -> Task:
-        return self.cfg.task_spec
+        """The objective and metrics of the config's ``task``."""
+        return TASKS[self.cfg.task]
 
     @property
     def eval_batch(self) -> int:
@@ -148,18 +149,15 @@ class RunContext:
     # ---------------------------------------------------------------- costs
 
     @property
-    def reference_seq(self) -> int:
-        """Sequence length at which budgets are converted to FLOPs (training cost, ranking fit)."""
-        return self.cfg.reference_seq_len or self.splits.seq_len
-
-    @property
     def bench_seq(self) -> int:
         """The first benchmark sequence length (the data's padded length when none is set)."""
         return (self.cfg.bench.seq_lens or [self.splits.seq_len])[0]
 
     def unit_costs(self, model: GatedModel) -> UnitGates:
-        """FLOPs per gated unit (heads; heads and FFN groups under ``budget_scope: all``)."""
-        return model.unit_costs(self.reference_seq)
+        """FLOPs per gated unit (heads; heads and FFN groups under ``budget_scope: all``) at
+        ``reference_seq_len`` (the data's padded length when 0): the sequence length at which
+        budgets are converted to FLOPs (training cost, ranking fit)."""
+        return model.unit_costs(self.cfg.reference_seq_len or self.splits.seq_len)
 
     def rank(self, model: GatedModel, scores: UnitGates) -> Ranking:
         return Ranking.from_scores(scores, self.unit_costs(model), self.cfg.min_one_per_layer)

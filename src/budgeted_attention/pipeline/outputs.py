@@ -57,11 +57,6 @@ class Collected:
         self.unit_rows[unit] = record.get("rows", [])
         self.rows += self.unit_rows[unit]
 
-    def add_bench(self, method: str, stem: str, seed: int, bench: dict[str, Any]) -> None:
-        """Seed ``seed``'s timing of ``method``, written (for the first seed) as ``<stem>.json``/``.md``."""
-        self.benches.setdefault(method, {})[seed] = bench
-        self.bench_stems[method] = stem
-
 
 def _write_routed(ctx: RunContext, collected: Collected) -> None:
     """``routed.md`` / ``routed.json``: per-input routing speed, calibration and heads by difficulty."""

@@ -136,12 +136,10 @@ class Experiment:
         ``retime``: run every timing unit again (its record replaced when it finishes, so an
         interrupted retime keeps the timings it has not redone); the run must be finished, and
         nothing is trained. For timings taken on a busy machine, e.g. seeds trained side by side.
-        The run directory's lock is held throughout and released at the end, whatever happens."""
-        self._lock.acquire()  # again when this object ran before (its lock was released then)
-        try:
+        The run directory's lock is held throughout (taken again when this object ran before) and
+        released at the end, whatever happens."""
+        with self._lock:
             return self._run(finished_only, retime)
-        finally:
-            self._lock.release()
 
     def _run(self, finished_only: bool, retime: bool) -> dict[str, Any]:
         if finished_only and retime:

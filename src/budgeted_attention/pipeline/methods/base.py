@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
     from budgeted_attention.pipeline.config import ExperimentConfig
 
 
-class Method(ABC):
+class Method:
     """A method of the pipeline, registered in :mod:`budgeted_attention.pipeline.methods`.
 
     Attributes:
@@ -38,12 +37,13 @@ class Method(ABC):
     names: tuple[str, ...]
     requires: tuple[str, ...] = ("dense",)
 
-    def check(self, cfg: ExperimentConfig) -> None:  # noqa: B027 (most methods have nothing to check)
+    def check(self, cfg: ExperimentConfig) -> None:
         """Refuse a config this method cannot run (called when the config lists one of :attr:`names`)."""
 
-    @abstractmethod
     def units(self, cfg: ExperimentConfig, seed: int) -> list[Unit]:
-        """This method's units of one seed, in execution order."""
+        """This method's units of one seed, in execution order; by default one unit named after
+        the method, done by its ``train(context, id)``."""
+        return [Unit(UnitId(self.names[0], seed), self.train)]
 
 
 def dense_unit(seed: int) -> UnitId:

@@ -43,9 +43,6 @@ class Budgeted(Method):
 class Scratch(Method):
     names = ("budgeted-scratch",)
 
-    def units(self, cfg, seed: int) -> list[Unit]:
-        return [Unit(UnitId("budgeted-scratch", seed), self.train)]
-
     def train(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
         model = ctx.builder.create()
         # Same total steps as the warm-started path: the dense model's actual steps (it may have

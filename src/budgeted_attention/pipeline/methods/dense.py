@@ -49,9 +49,6 @@ class Dense(Method):
 class DenseLong(Method):
     names = ("dense-long",)
 
-    def units(self, cfg, seed: int) -> list[Unit]:
-        return [Unit(UnitId("dense-long", seed), self.train)]
-
     def train(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
         """The dense warm start trained on for the budgeted path's steps. With
         ``train.early_stop_budgeted`` (and a patience) it is early-stopped on validation as the

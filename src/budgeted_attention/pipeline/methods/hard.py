@@ -54,7 +54,8 @@ class BudgetedHard(Method):
 
     def collect_bench(self, ctx: RunContext, collected: Collected, unit: UnitId, record: dict[str, Any]) -> None:
         """The timing of the first benchmark setting (of the run's scope) at each budget onto the seed's hard rows."""
-        collected.add_bench(self.names[0], unit.name, unit.seed, record["bench"])
+        collected.benches.setdefault(self.names[0], {})[unit.seed] = record["bench"]
+        collected.bench_stems[self.names[0]] = unit.name  # bench.json / bench-sandwich.json, of the first seed
         first: dict[float, dict[str, Any]] = {}
         for r in record["bench"]["rows"]:
             if r.get("scope", "heads") == ctx.cfg.budget_scope:
