@@ -15,7 +15,8 @@ import torch
 
 from budgeted_attention.model.config import ModelConfig
 from budgeted_attention.model.transformer import EncoderClassifier
-from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.model.gates import UnitGates
+from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import prune_to_budget, sort_heads
 from budgeted_attention.pruning.switching import SlicedModel
 
@@ -47,7 +48,7 @@ def main() -> int:
     for name, model in _models():
         with torch.no_grad():
             model.gates.bias.copy_(torch.randn(3, 4, generator=torch.Generator().manual_seed(2)))
-        ranking = HeadRanking.from_scores(torch.rand(3, 4, generator=torch.Generator().manual_seed(3)), min_one_per_layer=False)
+        ranking = Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(3))), min_one_per_layer=False)
         variants = {
             "full": model,
             "pruned": prune_to_budget(model, ranking, 0.4),

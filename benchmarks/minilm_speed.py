@@ -18,7 +18,8 @@ from budgeted_attention.benchmark.config import BenchConfig
 from budgeted_attention.benchmark.runner import bench_ranking
 from budgeted_attention.reporting.bench_table import bench_table
 from budgeted_attention.hf.bert import load_gated_bert, minilm_path
-from budgeted_attention.pruning.selection import HeadRanking
+from budgeted_attention.model.gates import UnitGates
+from budgeted_attention.pruning.selection import Ranking
 
 
 def main() -> None:
@@ -32,7 +33,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     model = load_gated_bert(minilm_path(), num_labels=5).eval()
     scores = torch.rand(model.n_layers, model.n_heads, generator=torch.Generator().manual_seed(args.seed))
-    ranking = HeadRanking.from_scores(scores)
+    ranking = Ranking.from_scores(UnitGates(scores))
     cfg = BenchConfig(
         budgets=[float(b) for b in args.budgets.split(",")],
         batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
