@@ -131,10 +131,8 @@ def hide_paths(text: str) -> str:
 class ServerState:
     """Everything the routes share; ready while the supervisor has an engine that answers."""
 
-    def __init__(self, cfg: ServeConfig) -> None:
-        self.cfg = cfg
-        self.metrics = ServerMetrics()
-        self.supervisor: Supervisor | None = None
+    def __init__(self, cfg: ServeConfig, metrics: ServerMetrics, supervisor: Supervisor) -> None:
+        self.cfg, self.metrics, self.supervisor = cfg, metrics, supervisor
         self.batcher: Batcher | None = None
         self.floor = 1.0
         self.loaded = False  # the batcher runs (the first engine came up)
@@ -144,29 +142,27 @@ class ServerState:
 
     @property
     def engine(self) -> Any:
-        return None if self.supervisor is None else self.supervisor.engine
+        return self.supervisor.engine
 
     @property
     def latency(self) -> LatencyModel | None:
-        return None if self.supervisor is None else self.supervisor.latency
+        return self.supervisor.latency
 
     @property
     def failed(self) -> str | None:
         """Why no request can be served now: the engine failed or restarts (None while it loads or is ready)."""
-        if self.supervisor is None or self.supervisor.state in (LOADING, READY):
-            return None
-        return self.public(self.supervisor.reason)
+        return None if self.supervisor.state in (LOADING, READY) else self.public(self.supervisor.reason)
 
     def serving(self) -> bool:
         """An engine is ready (``/readyz`` 200); False while it loads or restarts."""
-        return self.loaded and self.supervisor is not None and self.supervisor.ready_now()
+        return self.loaded and self.supervisor.ready_now()
 
     def alive(self) -> bool:
         """False once the engine cannot be brought back (``/healthz`` 503)."""
-        return self.supervisor is None or self.supervisor.state != FAILED
+        return self.supervisor.state != FAILED
 
     def retry_after(self) -> str:
-        return str(self.supervisor.retry_after() if self.supervisor is not None else 1)
+        return str(self.supervisor.retry_after())
 
     def public(self, text: str) -> str:
         return text if self.cfg.expose_paths else hide_paths(text)
@@ -249,7 +245,7 @@ def create_app(
     after a first load that failed the worker exits with uvicorn's start-up failure code (3), and
     uvicorn stops the server (a fresh worker would fail the same way).
     """
-    state = ServerState(cfg)
+    metrics = ServerMetrics()
 
     def start_engine() -> Any:
         from budgeted_attention.serving.engine import Engine  # noqa: PLC0415 - torch loads in the loader thread, not at import
@@ -258,7 +254,7 @@ def create_app(
         if engine is not None:
             return engine
         if cfg.engine_process:
-            started = RemoteEngine(run_dir, cfg, seed=seed, onnx_dir=onnx_dir, on_spawn=state.supervisor.spawned)
+            started = RemoteEngine(run_dir, cfg, seed=seed, onnx_dir=onnx_dir, on_spawn=supervisor.spawned)
         else:
             started = Engine(run_dir, cfg, seed=seed, onnx_dir=onnx_dir)
         if cfg.engine_cpus:  # the engine process has pinned itself; this process leaves its CPUs to it
@@ -277,11 +273,12 @@ def create_app(
             Path(os.environ[ENV_FAILED_FILE]).write_text(reason, encoding="utf-8")
         os.kill(os.getpid(), signal.SIGTERM)  # uvicorn's graceful shutdown of this worker
 
-    state.supervisor = Supervisor(
+    supervisor = Supervisor(
         start_engine, lambda e: calibrate_engine(e, cfg, calibration_length(e, cfg)), cfg,
-        on_restart=state.metrics.restarts.inc, on_latency=set_latency,
+        on_restart=metrics.restarts.inc, on_latency=set_latency,
         on_give_up=worker_gives_up if exit_when_failed else (lambda reason: None),
     )
+    state = ServerState(cfg, metrics, supervisor)
 
     async def watch() -> None:
         """The heartbeat: a dead or stopped engine process is found between batches too."""
@@ -394,7 +391,6 @@ def create_app(
     async def readyz() -> Any:
         """200 while an engine is loaded, warmed and answering, else 503."""
         if state.serving():
-            supervisor = state.supervisor
             return {"status": "ready", "ready_seconds": round(state.ready_seconds or 0.0, 3), **supervisor.startup, "restarts": supervisor.restarts}
         return unavailable(state.failed or "loading")
 
