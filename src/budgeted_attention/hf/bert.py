@@ -189,9 +189,8 @@ class GatedBertClassifier(GatedModel):
         self._init_heads(
             cfg.num_hidden_layers, cfg.num_attention_heads, ffn_width=cfg.intermediate_size, group_size=ffn_group_size
         )
-        if head_ids is not None or group_ids is not None:
-            full = [list(range(cfg.num_attention_heads))] * cfg.num_hidden_layers
-            self.keep_units(head_ids if head_ids is not None else full, group_ids)
+        if head_ids is not None or group_ids is not None:  # heads None: every head, in its original order
+            self.keep_units(self.head_ids if head_ids is None else head_ids, group_ids)
 
     def forward(
         self,

@@ -197,13 +197,11 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
         if gates is not None:
             self._check_gates(gates)
             # masks built on the CPU (rankings) follow the model to a GPU
-            resolved: UnitGates | None = gates.map(lambda t: t.to(self.gates.bias.device))
+            resolved = gates.map(lambda t: t.to(self.gates.bias.device))
         elif budget is None or validate_budget(budget) == 1.0:
-            resolved = None  # g(1) = 1 for every unit: b = 1 is the dense model, no gate code
+            return [DENSE] * self.n_layers  # g(1) = 1 for every unit: b = 1 is the dense model, no gate code
         else:
             resolved = self.unit_gates(budget)
-        if resolved is None:
-            return [DENSE] * self.n_layers
         if self._gate_index is None:
             self._gate_index = _unit_index(self.active_head_ids(), self.n_heads), _unit_index(self.active_group_ids(), self.n_groups)
         heads = _reindex(resolved.heads, self._gate_index[0])

@@ -31,10 +31,6 @@ class BudgetGates(nn.Module):
         self.bias = nn.Parameter(torch.zeros(n_layers, n_heads))
         self.slope_raw = nn.Parameter(torch.full((n_layers, n_heads), _UNIT_SLOPE_RAW))
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.bias.shape)  # type: ignore[return-value]
-
     def slope(self) -> torch.Tensor:
         """softplus(s) >= 0, shape (n_layers, n_heads)."""
         return nn.functional.softplus(self.slope_raw)

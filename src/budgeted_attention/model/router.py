@@ -75,9 +75,8 @@ class RouterConfig:
         count_temperature: softness, in heads, of the soft top-k's cut at s * H.
         entropy_weight: weight of the mean normalised entropy of the head distribution.
         hinge_weight: weight of the budget hinge.
-        target: the learned mode's hinge target for the batch-mean fraction (within the clamp).
-            ``fraction_min``, ``fraction_max`` and ``target`` apply to the learned mode only; the
-            capped mode's fraction is bounded by the caller's budget.
+        target: the learned mode's hinge target for the batch-mean fraction (within the clamp;
+            learned only: the capped mode's fraction is bounded by the caller's budget).
         lr: the router's learning rate (0: the stage's rate). A fresh router on a pretrained
             model fine-tuned at 5e-5 needs a larger one.
         allocation: how the capped mode spreads heads over inputs: ``difficulty`` (regression
