@@ -19,17 +19,11 @@ calls anyway:
   as the module tree does;
 * BERT's pooler (``tanh`` of a linear map of the first token) and the classifier.
 
-So it differs from the module tree, besides the Python it leaves out, in the transposed storage
-of the output and second FFN weights (copies, so that prefixes are contiguous views). Timing its
+Weights: the fused Q/K/V weights (shared with the module tree's inference copy) and the
+transposed output and second FFN weights (so that prefixes are contiguous views) are copies;
+everything else is shared with the model. Heads and FFN neurons run as prefixes of the stored
+ones, and the copy is a snapshot (:class:`~budgeted_attention.model.lean.LeanCopy`). Timing its
 pruned copy against its dense copy is like for like.
-
-Weights: the fused Q/K/V weights (shared with the module tree's inference copy) and the two
-transposed weights are copies; everything else (embeddings, LayerNorms, biases, the first FFN
-weight) is shared with the model. Heads and FFN
-neurons run as prefixes of the stored ones (:meth:`CompactBert.set_active`), so one copy of a
-sorted layout serves every budget, as :class:`~budgeted_attention.pruning.switching.SlicedModel`
-does with it. The copy is a snapshot: :meth:`CompactBert.is_current` says whether the model has
-had surgery, or a parameter replaced, moved, converted or written in place since.
 
 Runs every supported model type: BERT (absolute positions, the pooler's tanh of the first token,
 then the classifier), RoBERTa / XLM-R (positions counted from the padding id over real tokens,
@@ -60,9 +54,8 @@ class _CompactLayer(LeanLayer):
 
     def __init__(self, layer: nn.Module, attention: nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
-        n, hd = attention.num_heads, attention.head_dim
-        # Stored heads / neurons, and the prefix of them that runs (instant switching: a view).
-        self.stored_heads, self.n_heads, self.head_dim = n, attention.active_heads, hd
+        # Stored heads, and the prefix of them that runs (instant switching: a view).
+        self.stored_heads, self.n_heads, self.head_dim = attention.num_heads, attention.active_heads, attention.head_dim
         self.attend_options = {"scale": attention.scaling}
         out = layer.attention.output
         with torch.no_grad():  # rows [q_h; k_h; v_h] per head h, the copy the module tree runs on

@@ -25,13 +25,15 @@ class CostModel:
     config: ModelConfig
     seq_len: int
 
+    def attention_pairs(self) -> int:
+        """(query, key) pairs one head scores and mixes: every query with every key, T x T."""
+        return self.seq_len * self.seq_len
+
     def head_flops(self) -> int:
         """FLOPs of one attention head: Q/K/V and output projections, scores and weighted sum."""
         t, d, hd = self.seq_len, self.config.d_model, self.config.head_dim
         projections = 3 * 2 * t * d * hd + 2 * t * hd * d
-        scores = 2 * t * t * hd
-        weighted_sum = 2 * t * t * hd
-        return projections + scores + weighted_sum
+        return projections + 2 * 2 * self.attention_pairs() * hd  # scores and weighted sum
 
     def group_flops(self, group_size: int) -> int:
         """FLOPs of ``group_size`` feed-forward neurons (one row of fc1 and one column of fc2 each)."""

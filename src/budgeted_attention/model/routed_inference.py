@@ -24,10 +24,8 @@ class RoutedInference(nn.Module):
     """Serve a routed model: ``(input_ids, attention_mask, token_type_ids, budget=) -> logits``.
 
     Equal to ``model(ids, mask, token_type_ids, budget=budget)`` up to float rounding. One input
-    in eval mode without autograd runs through the lean copy; anything else through ``model``.
-    The copy is kept in step with the model by :class:`~budgeted_attention.model.lean.LeanFollower`
-    (rebuilt after surgery, training steps, ``load_state_dict``, a replaced, moved or converted
-    parameter; FFN widths follow ``model.set_active``).
+    in eval mode without autograd runs through the lean copy (kept in step with the model by
+    :class:`~budgeted_attention.model.lean.LeanFollower`); anything else through ``model``.
 
     Example::
 
