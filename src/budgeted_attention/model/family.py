@@ -424,11 +424,9 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
 
         Called as ``module(input_ids, attention_mask, token_type_ids)``; logits equal ``self(ids,
         mask)`` up to float rounding. Inference only: it neither gates nor routes, and it is a
-        snapshot (later surgery or ``set_active`` on ``self`` does not reach it). It has its own
-        ``set_active(head_counts, ffn_widths)`` (FFN widths in neurons; None: unchanged) and
-        ``is_current(model)`` (False once the model had surgery, or a parameter replaced, moved,
-        converted or written in place), with which
-        :class:`~budgeted_attention.pruning.switching.SlicedModel` keeps it in step.
+        snapshot (later surgery or ``set_active`` on ``self`` does not reach it) with its own
+        ``set_active`` and ``is_current`` (:class:`~budgeted_attention.model.lean.LeanCopy`), by
+        which :class:`~budgeted_attention.model.lean.LeanFollower` keeps it in step.
 
         Raises:
             BAAError: "the <family> family's lean executor does not run <feature>", the feature
