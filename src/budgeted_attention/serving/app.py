@@ -353,7 +353,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.add_middleware(
-        http.RequestGuard, cfg=cfg, api_key=api_key, count=state.metrics.request, disconnected=state.metrics.client_disconnected,
+        http.RequestGuard, cfg=cfg, api_key=api_key, count=state.metrics.request, disconnected=state.metrics.disconnects.inc,
     )
     http.guarded_protocol_observer(state.metrics.request)
 
@@ -430,7 +430,7 @@ def create_app(
         except (Overloaded, DeadlineExpired, EngineUnavailable) as exc:
             return refused(503, state.public(str(exc)), {"Retry-After": str(exc.retry_after)})
         if await request.is_disconnected():  # the answer would go nowhere: a disconnect, not a 200
-            state.metrics.client_disconnected()
+            state.metrics.disconnects.inc()
             log.info("baa serve: client disconnected before its answer (POST /v1/classify)")
             return Response(status_code=204)
         probabilities = result.probabilities

@@ -162,10 +162,6 @@ class EngineInfo:
     first_ordinary_id: int  # the low end of synthetic warm-up ids (the model family's)
     in_child = False  # the model runs in a child process (RemoteEngine)
 
-    def alive(self) -> bool:
-        """Whether the model can answer (a child process can die; this process cannot)."""
-        return True
-
     def folder(self) -> Path:
         """The run directory, or the checkpoint's folder when given a checkpoint file."""
         return self.run_dir if self.run_dir.is_dir() else self.checkpoint.parent

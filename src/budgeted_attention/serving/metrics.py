@@ -104,9 +104,6 @@ class ServerMetrics:
     def queue(self, n_texts: int) -> None:
         self.queue_texts.set(n_texts)
 
-    def client_disconnected(self) -> None:
-        self.disconnects.inc()
-
     def request(self, status: int, seconds: float | None = None, budget: float | None = None) -> None:
         self.requests.labels(str(status)).inc()
         if seconds is not None:
