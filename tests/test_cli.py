@@ -76,6 +76,10 @@ def test_demo_quick_end_to_end_then_bench(tmp_path, capsys):
     assert code == 0
     result = json.loads(bench_json.read_text())
     assert len(result["rows"]) == 4 and {r["input"] for r in result["rows"]} == {"random", "lengths"}
+    # without --seq-lens: 128 tokens, or the model's max_len (32 here) when shorter
+    code, _, _ = _run(["bench", str(out), "--budgets", "0.5", "--rounds", "1", "--min-run-time", "0.01", "--json", str(tmp_path / "d.json"),
+                       "--no-progress"], capsys)
+    assert code == 0 and {r["seq_len"] for r in json.loads((tmp_path / "d.json").read_text())["rows"]} == {32}
     for row in result["rows"]:
         assert {"budget", "batch_size", "seq_len", "threads", "dense_latency_ms", "latency_ms", "speedup", "ideal_speedup"} <= set(row)
         assert row["threads"] == 1 and row["latency_ms"] > 0

@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=None, help="which seed's checkpoint (default: the first found)")
     bench.add_argument("--budgets", type=_budgets, default=[0.25, 0.5, 0.75], help="comma-separated budgets (default 0.25,0.5,0.75)")
     bench.add_argument("--batch-sizes", type=_csv_ints, default=[1, 32], help="comma-separated batch sizes (default 1,32)")
-    bench.add_argument("--seq-lens", type=_csv_ints, default=[128], help="comma-separated sequence lengths (default 128)")
+    bench.add_argument("--seq-lens", type=_csv_ints, default=None, help="comma-separated sequence lengths (default 128, or the model's max_len if shorter)")
     bench.add_argument("--threads", type=_positive_int, default=1, help="torch threads while timing (default 1)")
     bench.add_argument("--rounds", type=_positive_int, default=7, help="interleaved timing rounds (default 7)")
     bench.add_argument("--min-run-time", type=_positive_float, default=0.3, help="seconds per timing block (default 0.3)")

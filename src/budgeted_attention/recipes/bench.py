@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -17,20 +18,24 @@ from budgeted_attention.rundir import RunDir
 
 
 def run_bench(
-    run_dir: str | Path, *, seed: int | None, budgets: list[float], batch_sizes: list[int], seq_lens: list[int], threads: int,
+    run_dir: str | Path, *, seed: int | None, budgets: list[float], batch_sizes: list[int], seq_lens: list[int] | None, threads: int,
     rounds: int, min_run_time: float, json_path: str | None, lengths: bool = False, onnx: bool = False, device: str = "cpu",
     compile: bool = False, cuda_graphs: bool = False, progress: bool = True, log=print,
 ) -> dict[str, Any]:
-    """Bench the budgeted-hard checkpoint of a run (any model family) and write JSON/MD/PNG."""
+    """Bench the budgeted-hard checkpoint of a run (any model family) and write JSON/MD/PNG.
+
+    ``seq_lens`` None: 128 tokens, or the model's ``max_len`` when that is shorter."""
     run, checkpoint = RunDir.locate(run_dir, seed)
     description = read_description(checkpoint)
     parse_ranking(checkpoint, description)  # a bad checkpoint fails before any model is built
     verify_artifacts(checkpoint, description, RunDir.of_checkpoint(checkpoint).path)  # and so does another run's tokenizer or labels
     cfg = BenchConfig(
-        budgets=budgets, batch_sizes=batch_sizes, seq_lens=seq_lens, threads=threads, rounds=rounds, min_run_time=min_run_time,
+        budgets=budgets, batch_sizes=batch_sizes, seq_lens=seq_lens or [128], threads=threads, rounds=rounds, min_run_time=min_run_time,
         lengths=lengths, onnx=onnx, device=device, compile=compile, cuda_graphs=cuda_graphs,
     )
     model, description = load_model(checkpoint)
+    if seq_lens is None:
+        cfg = dataclasses.replace(cfg, seq_lens=[min(128, model.max_len)])
     ranking = load_ranking(checkpoint, description, model)
     token_lengths = _run_lengths(run) if lengths else None
     result = bench_ranking(model, ranking, cfg, lengths=token_lengths, pad_id=model.pad_id, progress=progress)
