@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from budgeted_attention.model.gates import UnitGates
-from budgeted_attention.pruning.selection import HeadRanking, Ranking
+from budgeted_attention.pruning.selection import Ranking
 
 shapes = st.tuples(st.integers(1, 5), st.integers(1, 6))
 
@@ -46,7 +46,6 @@ def test_round_trip_and_validation():
     assert Ranking.from_dict(ranking.to_dict()) == ranking
     stored = ranking.to_dict()  # heads only: the (layer, head) pairs every saved ranking has
     assert "scope" not in stored and stored["order"][0] == list(ranking.order[0][1:])
-    assert HeadRanking.from_scores(scores) == ranking and HeadRanking.from_dict(stored) == ranking  # the former name
     broken = ranking.to_dict()
     broken["order"] = broken["order"][:-1]
     with pytest.raises(ValueError, match="every"):

@@ -229,14 +229,3 @@ class Ranking:
         if set(order) != expected or len(order) != len(expected):
             raise ValueError("ranking must list every head (and every FFN group) exactly once")
         return ranking
-
-
-class HeadRanking:
-    """The former heads-only ranking's constructors, kept while benchmarks/ calls them: rankings are :class:`Ranking`."""
-
-    @staticmethod
-    def from_scores(scores: torch.Tensor, min_one_per_layer: bool = True) -> Ranking:
-        """:meth:`Ranking.from_scores` of (n_layers, n_heads) head scores."""
-        return Ranking.from_scores(UnitGates(scores), min_one_per_layer=min_one_per_layer)
-
-    from_dict = Ranking.from_dict
