@@ -71,10 +71,10 @@ def main() -> int:
                 print(f"{name:8s} {variant:12s} {str(kwargs):16s} max|gpu-cpu| = {diff:.2e} {'ok' if ok else 'FAIL'}")
             if variant == "full":
                 with torch.no_grad():
-                    gates = ranking.mask(0.5).cuda()
+                    gates = ranking.masks(0.5).heads.cuda()
                     got = module.to("cuda")(ids.cuda(), mask.cuda(), gates=gates).cpu()
                     module.to("cpu")
-                    expected = module(ids, mask, gates=ranking.mask(0.5))
+                    expected = module(ids, mask, gates=ranking.masks(0.5).heads)
                 diff = float((got - expected).abs().max())
                 failures += diff >= 1e-4
                 print(f"{name:8s} {'full':12s} {'gates=mask':16s} max|gpu-cpu| = {diff:.2e} {'ok' if diff < 1e-4 else 'FAIL'}")

@@ -175,14 +175,3 @@ def test_first_ordinary_id_skips_a_pad_id_above_the_special_ids():
 
     model = EncoderClassifier(ModelConfig(vocab_size=31, n_classes=3, max_len=16, d_model=16, n_layers=1, n_heads=2, d_ff=16, pad_id=5))
     assert model.first_ordinary_id() == 6
-
-
-def test_mask_of_an_ffn_ranking_keeps_the_ffn_groups(family):
-    """Ranking.mask (kept for one release) gives heads and FFN groups; heads-only rankings give the head tensor."""
-    _, model = family
-    ranking = Ranking.from_scores(model.unit_importance(), model.unit_costs(SEQ))
-    assert ranking.n_groups > 0
-    mask = ranking.mask(0.5)
-    assert mask.ffn is not None and torch.equal(mask.heads, ranking.masks(0.5).heads)
-    heads_only = ranking.heads_only()
-    assert isinstance(heads_only.mask(0.5), torch.Tensor)

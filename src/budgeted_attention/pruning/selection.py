@@ -173,13 +173,6 @@ class Ranking:
         """Heads kept per layer for ``budget``."""
         return self.kept(budget).heads_per_layer
 
-    def mask(self, budget: float) -> torch.Tensor | UnitGates:
-        """Former call, kept for one release (benchmarks/gpu_check.py): as the two former classes
-        returned, the heads' 0/1 mask (n_layers, n_heads) of a heads-only ranking, and the whole
-        :meth:`masks` (FFN groups too) of a ranking with FFN groups."""
-        masks = self.masks(budget)
-        return masks.heads if self.n_groups == 0 else masks
-
     def layer_orders(self) -> KeptUnits:
         """Per layer, every head (and group) in rank order (the sorted weight layout)."""
         return self._per_layer(self.order)
