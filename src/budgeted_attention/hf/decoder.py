@@ -127,7 +127,8 @@ class GatedDecoderAttention(nn.Module):
 
     def _plan(self, heads: tuple[int, ...], device: torch.device) -> tuple:
         """(query rows, K/V rows, per running head the position of its K/V head among those
-        computed) for the stored query heads ``heads`` (cached per head set and device)."""
+        computed, None when that is the identity) for the stored query heads ``heads`` (cached
+        per head set and device)."""
         key = (heads, device)
         plan = self._plans.get(key)
         if plan is None:
@@ -137,7 +138,9 @@ class GatedDecoderAttention(nn.Module):
             hd = self.head_dim
             q_rows = _index(list(heads), hd, self.num_heads, device)
             kv_rows = _index(kv_positions, hd, self.num_kv_heads, device)
-            expand = torch.tensor([needed.index(g) for g in groups], dtype=torch.long, device=device)
+            order = [needed.index(g) for g in groups]
+            # None: one K/V head per query head, in order (no repeat needed)
+            expand = None if order == list(range(len(order))) else torch.tensor(order, dtype=torch.long, device=device)
             plan = (q_rows, kv_rows, expand)
             self._plans[key] = plan
         return plan
@@ -164,7 +167,7 @@ class GatedDecoderAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        if k.shape[1] != n or not torch.equal(expand, torch.arange(n, device=expand.device)):
+        if expand is not None:
             k, v = k.index_select(1, expand), v.index_select(1, expand)  # GQA: each query head reads its group's K/V
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0, is_causal=mask is None, scale=self.scaling,
