@@ -46,7 +46,19 @@ def _bert():
     return GatedBertClassifier(transformers.BertForSequenceClassification(cfg), ffn_group_size=8)
 
 
-TINY = {"encoder": _encoder, "decoder": _decoder, "bert": _bert}
+def _hf_decoder():
+    transformers = pytest.importorskip("transformers")
+    from budgeted_attention.hf.decoder import GatedDecoderLM
+
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=31, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        intermediate_size=32, max_position_embeddings=16, sliding_window=4, query_pre_attn_scalar=8,
+        layer_types=["sliding_attention", "full_attention"], attn_implementation="sdpa",
+    )
+    return GatedDecoderLM(transformers.Gemma3ForCausalLM(cfg), ffn_group_size=8)
+
+
+TINY = {"encoder": _encoder, "decoder": _decoder, "bert": _bert, "hf-decoder": _hf_decoder}
 
 
 def test_every_registered_family_has_a_tiny_builder_here():

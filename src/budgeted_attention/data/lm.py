@@ -99,11 +99,22 @@ def train_lm_tokenizer(texts: list[str], kind: str, vocab_size: int) -> Tokenize
     return tokenizer
 
 
-def token_blocks(tokenizer: Tokenizer, documents: list[str], seq_len: int) -> Split:
-    """Documents -> one stream (each followed by ``<eod>``) -> (n_blocks, seq_len) blocks."""
-    eod = tokenizer.token_to_id(EOD)
+@dataclass(frozen=True)
+class PretrainedLMTokenizer:
+    """A pretrained decoder's own tokenizer (``tokenizers`` backend) with the ids that end a
+    document (its end-of-sequence token) and pad a batch."""
+
+    tokenizer: Tokenizer
+    eod_id: int
+    pad_id: int
+
+
+def token_blocks(tokenizer: Tokenizer, documents: list[str], seq_len: int, eod: int | None = None) -> Split:
+    """Documents -> one stream (each followed by ``eod``, default ``<eod>``) -> (n_blocks, seq_len)
+    blocks. Encoded without the tokenizer's special tokens (a pretrained one's BOS)."""
+    eod = tokenizer.token_to_id(EOD) if eod is None else eod
     stream: list[int] = []
-    for encoding in tokenizer.encode_batch(documents):
+    for encoding in tokenizer.encode_batch(documents, add_special_tokens=False):
         stream += encoding.ids + [eod]
     n_blocks = len(stream) // seq_len
     if n_blocks == 0:
@@ -118,20 +129,31 @@ def load_documents(cfg: LMDataConfig, root: Path | None = None) -> list[str]:
     return documents[: cfg.max_documents] if cfg.max_documents else documents
 
 
-def make_lm_splits(cfg: LMDataConfig, *, tokenizer_path: str | Path | None = None, root: Path | None = None) -> TensorSplits:
+def make_lm_splits(
+    cfg: LMDataConfig, *, tokenizer_path: str | Path | None = None, root: Path | None = None,
+    pretrained: PretrainedLMTokenizer | None = None,
+) -> TensorSplits:
     """Token blocks of the train/validation/test documents; the test split is sealed.
 
-    The tokenizer is trained on the training documents only and saved to ``tokenizer_path``.
+    The tokenizer is trained on the training documents only (``data.tokenizer``), or is a
+    pretrained decoder's own (``pretrained``: ``data.tokenizer`` and ``data.vocab_size`` unused),
+    and is saved to ``tokenizer_path``.
     """
     train_docs, val_docs, test_docs = split_documents(load_documents(cfg, root), cfg)
-    tokenizer = train_lm_tokenizer(train_docs, cfg.tokenizer, cfg.vocab_size)
+    if pretrained is None:
+        tokenizer = train_lm_tokenizer(train_docs, cfg.tokenizer, cfg.vocab_size)
+        eod, pad_id = tokenizer.token_to_id(EOD), tokenizer.token_to_id(PAD)
+    else:
+        tokenizer, eod, pad_id = pretrained.tokenizer, pretrained.eod_id, pretrained.pad_id
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
     if tokenizer_path is not None:
         write_text_atomic(Path(tokenizer_path), tokenizer.to_str())
     return TensorSplits(
-        train=token_blocks(tokenizer, train_docs, cfg.seq_len),
-        val=token_blocks(tokenizer, val_docs, cfg.seq_len),
-        test=token_blocks(tokenizer, test_docs, cfg.seq_len),
+        train=token_blocks(tokenizer, train_docs, cfg.seq_len, eod),
+        val=token_blocks(tokenizer, val_docs, cfg.seq_len, eod),
+        test=token_blocks(tokenizer, test_docs, cfg.seq_len, eod),
         vocab_size=tokenizer.get_vocab_size(),
         n_classes=0,
-        pad_id=tokenizer.token_to_id(PAD),
+        pad_id=pad_id,
     )

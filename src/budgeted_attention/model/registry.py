@@ -105,6 +105,11 @@ FAMILIES: dict[str, Family] = {
             "decoder", "budgeted_attention.model.decoder:CausalLM", "budgeted_attention.pipeline.builders:DecoderBuilder",
             Capabilities(classify=False, lm=True, routing=False, lean=True, onnx=False, ffn_units=True, depth=True, pretrained=False),
         ),
+        Family(
+            "hf-decoder", "budgeted_attention.hf.decoder:GatedDecoderLM", "budgeted_attention.pipeline.builders:HFDecoderBuilder",
+            Capabilities(classify=False, lm=True, routing=False, lean=False, onnx=False, ffn_units=True, depth=False, pretrained=True),
+            extra="hf",
+        ),
     )
 }
 

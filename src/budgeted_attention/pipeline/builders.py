@@ -112,6 +112,45 @@ class PretrainedBuilder:
         return load_gated_bert(self.path, self.num_labels, ffn_group_size=self.ffn_group_size)
 
 
+class HFDecoderBuilder:
+    """A transformers causal LM (Llama, Qwen2, Qwen3, Gemma 3 text) with its own tokenizer:
+    ``pretrained.path`` is a local folder, a GGUF file (``folder/model.gguf``), a hub name, or
+    ``gemma3-270m`` (the offline Gemma 3 270M of the gemma extra)."""
+
+    def __init__(self, template: ModelConfig, pretrained: PretrainedConfig, ffn_group_size: int = 0) -> None:
+        from budgeted_attention.hf.decoder_layouts import GEMMA_270M, gemma_270m_gguf, read_config, split_gguf_path  # noqa: PLC0415 - needs transformers (the hf extra): loaded with the hf-decoder family only
+
+        path = str(gemma_270m_gguf()) if pretrained.path == GEMMA_270M else pretrained.path
+        self.path, self.gguf_file = split_gguf_path(path)
+        hf_config = read_config(self.path, self.gguf_file)  # a missing file or an unsupported layout fails here, before any work
+        self.max_len = int(hf_config.max_position_embeddings)
+        self.rows = int(hf_config.vocab_size)
+        if ffn_group_size and hf_config.intermediate_size % ffn_group_size:
+            raise ConfigError(
+                f"ffn_group_size ({ffn_group_size}) must divide the feed-forward width of '{path}' ({hf_config.intermediate_size})"
+            )
+        self.ffn_group_size = ffn_group_size
+
+    def pretrained_tokenizer(self):
+        from budgeted_attention.data.lm import PretrainedLMTokenizer  # noqa: PLC0415 - the LM data module is only needed by this family's LM task
+        from budgeted_attention.hf.decoder_layouts import check_tokenizer, load_tokenizer  # noqa: PLC0415 - needs transformers (the hf extra): loaded with the hf-decoder family only
+
+        tokenizer = load_tokenizer(self.path, gguf_file=self.gguf_file)
+        check_tokenizer(self.rows, tokenizer, f"the tokenizer of '{self.path}'")
+        if tokenizer.eos_token_id is None:
+            raise ConfigError(f"the tokenizer of '{self.path}' has no end-of-sequence token to end documents with")
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return PretrainedLMTokenizer(tokenizer.backend_tokenizer, int(tokenizer.eos_token_id), int(pad_id))
+
+    def prepare(self, splits: TensorSplits, bench_seq_lens: list[int]) -> None:
+        check_max_len(self.max_len, splits.seq_len, bench_seq_lens, f"the positions of '{self.path}'")
+
+    def create(self) -> GatedModel:
+        from budgeted_attention.hf.decoder import load_hf_decoder  # noqa: PLC0415 - needs transformers (the hf extra): loaded with the hf-decoder family only
+
+        return load_hf_decoder(self.path, gguf_file=self.gguf_file, ffn_group_size=self.ffn_group_size)
+
+
 def check_max_len(max_len: int, data_len: int, bench_seq_lens: list[int], what: str) -> None:
     """The data and every benchmark length must fit the model, checked before any training."""
     if data_len > max_len:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 def make_splits(cfg: ExperimentConfig, run: RunDir, pretrained_tokenizer=None) -> TensorSplits:
     """The run's data; a tokenizer trained on it is saved as the run's ``tokenizer.json``."""
     if cfg.task == "lm":
-        return make_lm_splits(cfg.lm_data, tokenizer_path=run.tokenizer)
+        return make_lm_splits(cfg.lm_data, tokenizer_path=run.tokenizer, pretrained=pretrained_tokenizer)
     if cfg.data.source == "synthetic":
         return make_synthetic_splits(cfg.synthetic, cfg.data.split_seed)
     splits, _ = make_text_splits(cfg.data, tokenizer_path=run.tokenizer, pretrained_tokenizer=pretrained_tokenizer)
