@@ -39,6 +39,8 @@ def _sweep_rows(drop: float = 0.0) -> list[dict]:
                      "cost_kind": "kept-heads", "speedup": 1.6 + 0.1 * seed, "ideal_speedup": 1.9})
         rows.append({"method": "budgeted-hard", "budget": 0.25, "seed": seed, "accuracy": 0.80, "cost": 0.25,  # the weak row
                      "cost_kind": "kept-heads", "speedup": 0.9, "ideal_speedup": 3.0})
+        rows.append({"method": "budgeted-hard", "budget": 0.99, "seed": seed, "accuracy": 0.90, "cost": 1.0,  # nothing removed
+                     "cost_kind": "kept-heads", "speedup": 0.99, "ideal_speedup": 1.0})
     return rows
 
 
@@ -107,6 +109,7 @@ def test_studies_page_tables_targets_replication_and_readme(tmp_path):
     assert "| budgeted-hard | 0.50 | 2 | 89.50 ± 0.00 [89.50, 89.50] | 0.500 | 1.65 ± 0.07x | 1.90x | meets |" in demo_text
     weak = next(line for line in demo_text.splitlines() if line.startswith("| budgeted-hard | 0.25 "))
     assert "FAILS: 10.50 points below dense (target ≤ 1); 0.90x (target ≥ 1x)" in weak
+    assert "| budgeted-hard | 0.99 | 2 | 90.00 ± 0.00 [90.00, 90.00] | 1.000 | 0.99 ± 0.00x | 1.00x | meets |" in demo_text  # no speedup to meet
     assert "**" not in "".join(line for line in text.splitlines() if line.startswith("|"))  # no row bolded
     assert "![demo: accuracy_vs_speedup](figures/demo_accuracy_vs_speedup.png)" in demo_text and "± one std over seeds" in demo_text
     assert (tmp_path / "docs" / "figures" / "demo_accuracy_vs_speedup.png").is_file() and not stale.exists()
