@@ -19,7 +19,6 @@ from budgeted_attention import checkpoint  # noqa: E402
 from budgeted_attention.errors import BAAError, CheckpointError  # noqa: E402
 from budgeted_attention.hf.decoder import GatedDecoderLM, load_hf_decoder, unmodified_reference  # noqa: E402
 from budgeted_attention.hf.decoder_layouts import UnsupportedLayoutError, check_tokenizer, layout_of, split_gguf_path  # noqa: E402
-from budgeted_attention.model import registry  # noqa: E402
 from budgeted_attention.model.gates import UnitGates  # noqa: E402
 from budgeted_attention.pruning.selection import Ranking  # noqa: E402
 from budgeted_attention.pruning.surgery import prune_to_budget, sort_heads  # noqa: E402
@@ -73,17 +72,6 @@ def ids_and_mask(batch: int = 3, seq: int = SEQ):
     mask[1, seq - 4:] = 0  # right padding
     mask[2, :3] = 0  # left padding
     return ids, mask
-
-
-@pytest.fixture
-def registered(monkeypatch):
-    """The hf-decoder family in the registry (checkpoint loading asks it), until the entry is in model/registry.py."""
-    if "hf-decoder" not in registry.FAMILIES:
-        monkeypatch.setitem(registry.FAMILIES, "hf-decoder", registry.Family(
-            "hf-decoder", "budgeted_attention.hf.decoder:GatedDecoderLM", "budgeted_attention.pipeline.builders:HFDecoderBuilder",
-            registry.Capabilities(classify=False, lm=True, routing=False, lean=False, onnx=False, ffn_units=True, depth=False, pretrained=True),
-            extra="hf",
-        ))
 
 
 LAYOUTS = list(CLASSES)
@@ -181,15 +169,63 @@ def _and(gates: UnitGates, mask: UnitGates) -> UnitGates:
     return UnitGates(gates.heads * mask.heads, None if gates.ffn is None else gates.ffn * mask.ffn)
 
 
-def test_lean_executor_is_refused_by_name_and_first_ordinary_id():
+def test_routing_is_refused_by_name_and_first_ordinary_id():
     model = tiny_model("llama")
-    with pytest.raises(BAAError, match="the hf-decoder family's lean executor does not run"):
-        model.inference_module()
-    assert model.lean_unsupported() is not None
+    with pytest.raises(BAAError, match="the hf-decoder family's lean executor does not run per-input routing"):
+        model.inference_module(routed=True)
+    assert model.lean_unsupported() is None and model.lean_unsupported(routed=True) == "per-input routing"
     assert 0 <= model.pad_id < model.vocab_size == VOCAB
     assert model.first_ordinary_id() > model.pad_id
     with pytest.raises(ValueError, match="no per-input head routing"):
         model.attach_router(None)
+
+
+# ---------------------------------------------------------------------- lean executor: K/V cache, decoding
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cached_decoding_equals_the_full_forward_pass_on_a_pruned_model(layout):
+    """Prefill in two chunks, then one token at a time, with left and right padding and sliding
+    windows (4) shorter than the sequence: every position's logits equal the module tree's."""
+    model = tiny_model(layout)
+    ranking = Ranking.from_scores(model.unit_importance(), model.unit_costs(SEQ))
+    pruned = prune_to_budget(copy.deepcopy(model), ranking, 0.5)
+    seq = 14
+    ids, mask = ids_and_mask(seq=seq)
+    runner = pruned.inference_module()
+    with torch.no_grad():
+        full = pruned(ids, mask)
+        torch.testing.assert_close(runner(ids, mask), full, atol=1e-5, rtol=1e-5)
+        cache = runner.new_cache()
+        pieces = [runner.step(ids[:, :5], cache, mask[:, :5]), runner.step(ids[:, 5:9], cache, mask[:, 5:9])]
+        pieces += [runner.step(ids[:, t : t + 1], cache, mask[:, t : t + 1]) for t in range(9, seq)]
+    real = mask.bool()
+    torch.testing.assert_close(torch.cat(pieces, dim=1)[real], full[real], atol=1e-5, rtol=1e-5)
+    assert cache.length == seq
+    for attention, keys in zip(pruned.attentions, cache.keys):  # each layer caches its surviving K/V heads only
+        window = attention.sliding_window
+        assert keys.shape == (3, attention.num_kv_heads, seq if window is None else window - 1, attention.head_dim)
+
+
+def test_removing_a_kv_group_shrinks_the_cache_and_greedy_generation_matches_the_forward_pass():
+    """Issue item 4 on the cache: 8 query heads in 2 K/V groups; layer 0 keeps group 0 only."""
+    model = tiny_model("llama")
+    kept = [[0, 2, 3, 1], [5, 0], [1, 2, 3, 4, 5, 6, 7, 0]]
+    pruned = model.pruned_copy(kept)
+    ids = ids_and_mask()[0][:2]
+    dense_cache, cache = model.inference_module().new_cache(), pruned.inference_module().new_cache()
+    with torch.no_grad():
+        model.inference_module().step(ids, dense_cache)
+        pruned.inference_module().step(ids, cache)
+    assert [k.shape[1] for k in cache.keys] == [1, 2, 2] and cache.nbytes() == dense_cache.nbytes() * 5 // 6
+    out = pruned.inference_module().generate(ids, 6)
+    assert out.shape == (2, SEQ + 6) and torch.equal(out[:, :SEQ], ids)
+    with torch.no_grad():  # each generated token is the argmax of the full forward pass over what precedes it
+        torch.testing.assert_close(pruned(out[:, :-1])[:, SEQ - 1 :].argmax(-1), out[:, SEQ:])
+    with pytest.raises(BAAError, match="exceed the model's 64 positions"):
+        pruned.inference_module().generate(ids, 60)
+    with pytest.raises(BAAError, match="max_new_tokens must be >= 1"):
+        pruned.inference_module().generate(ids, 0)
 
 
 # ---------------------------------------------------------------------- surgery: K/V groups, windows
@@ -287,7 +323,7 @@ def test_unit_costs_cover_the_prunable_flops_and_report_the_output_layer():
 
 
 @pytest.mark.parametrize("layout", ["llama", "gemma3_text"])
-def test_save_load_round_trip_of_a_pruned_model_is_bit_exact(layout, tmp_path, registered):
+def test_save_load_round_trip_of_a_pruned_model_is_bit_exact(layout, tmp_path):
     model = tiny_model(layout)
     ids, mask = ids_and_mask()
     pruned = model.pruned_copy([[0, 1, 2, 3], [6, 1], []], [[0, 1, 2], [5], [0, 1, 2, 3, 4, 5]])

@@ -33,8 +33,10 @@ Padding: any side. Positions are 0..seq-1 whatever the mask (as transformers' fo
 ``position_ids``); padded keys are masked; a padded query attends to itself only (its logits are
 meaningless and the LM loss ignores them, but never NaN).
 
-Not in this family yet (refused by name): a lean executor (:meth:`GatedDecoderLM.lean_unsupported`),
-per-input routing, a KV-cache decode loop, ONNX export, layer units.
+Lean executor and decoding: :class:`~budgeted_attention.hf.decoder_cache.DecoderLMRunner` (the
+hard selection with a K/V cache, whose width per layer is that layer's surviving K/V groups).
+
+Not in this family yet (refused by name): per-input routing, ONNX export, layer units.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from budgeted_attention.errors import BAAError
+from budgeted_attention.hf.decoder_cache import DecoderLMRunner, KVCache, attention_masks
 from budgeted_attention.hf.decoder_layouts import (
     check_modules,
     causal_lm_from_config,
@@ -147,11 +150,13 @@ class GatedDecoderAttention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None, selection: LayerSelection,
+        cache: KVCache | None = None, index: int = 0,
     ) -> torch.Tensor:
         """(batch, seq, d) -> (batch, seq, d): the heads ``selection`` names among the active
-        prefix, each scaled by its gate, through ``o_proj`` (bias included). ``mask``: None (causal,
-        nothing padded, no window within reach) or boolean (batch, 1, seq, seq), True where a
-        query may attend a key."""
+        prefix, each scaled by its gate, through ``o_proj`` (bias included). ``mask``: None (plain
+        causal attention is exact) or boolean (batch, 1, seq, keys), True where a query may attend
+        a key. ``cache``: the new positions' keys and values are stored as layer ``index``'s and
+        the queries attend the cached ones too (the head set must not change within a cache)."""
         if selection.chosen is not None:
             raise ValueError("the hf-decoder family has no per-input head routing (a per-input selection was given)")
         batch, seq, _ = x.shape
@@ -167,10 +172,12 @@ class GatedDecoderAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.store(index, k, v, self.sliding_window)  # the cache holds the computed K/V heads only
         if expand is not None:
             k, v = k.index_select(1, expand), v.index_select(1, expand)  # GQA: each query head reads its group's K/V
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0, is_causal=mask is None, scale=self.scaling,
+        y = F.scaled_dot_product_attention(  # no mask: causal from position 0, or one query that sees every key
+            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0, is_causal=mask is None and seq > 1, scale=self.scaling,
         )
         if selection.gates is not None:
             y = y * selection.gates.to(y.dtype).view(-1, n, 1, 1)
@@ -365,52 +372,47 @@ class GatedDecoderLM(GatedModel):
 
     # ------------------------------------------------------------------ forward
 
-    def _masks(self, attention_mask: torch.Tensor | None, batch: int, seq: int, device: torch.device) -> dict[int | None, torch.Tensor | None]:
-        """Per window (None: full causal), the boolean (batch, 1, seq, seq) mask, or None when
-        plain causal attention is exact (nothing padded, the window out of reach)."""
-        padded = attention_mask is not None and not bool(attention_mask.all())
-        masks: dict[int | None, torch.Tensor | None] = {}
-        position = torch.arange(seq, device=device)
-        distance = position.view(-1, 1) - position.view(1, -1)  # query - key
-        for window in {a.sliding_window for a in self.attentions}:
-            limited = window is not None and window < seq
-            if not padded and not limited:
-                masks[window] = None
-                continue
-            allowed = distance >= 0
-            if limited:
-                allowed = allowed & (distance < window)
-            mask = allowed.view(1, 1, seq, seq)
-            if padded:
-                keys = attention_mask.to(device=device, dtype=torch.bool).view(batch, 1, 1, seq)
-                # a padded query sees itself only: its logits are ignored, but never NaN
-                mask = (mask & keys) | torch.eye(seq, dtype=torch.bool, device=device).view(1, 1, seq, seq)
-            masks[window] = mask.expand(batch, 1, seq, seq)
-        return masks
-
-    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, selections: list[LayerSelection]) -> torch.Tensor:
-        """The final-normed hidden states (batch, seq, d) under per-layer ``selections``."""
+    def hidden_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, selections: list[LayerSelection], cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """The final-normed hidden states (batch, seq, d) under per-layer ``selections``; with a
+        ``cache``, of the new positions after the cached ones (the cache is updated)."""
         base = self.hf.model
         batch, seq = input_ids.shape
+        device = input_ids.device
+        start = 0 if cache is None else cache.length
+        if cache is None:
+            key_mask = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.to(torch.bool)
+        else:
+            key_mask = cache.extend_mask(attention_mask, batch, seq, device)
         x = base.embed_tokens(input_ids)  # Gemma's embedding multiplies by sqrt(d) itself
-        positions = torch.arange(seq, device=input_ids.device).unsqueeze(0)
+        positions = torch.arange(start, start + seq, device=device).unsqueeze(0)
         layer_types = {a.layer_type for a in self.attentions}
         if self.layout.rope_per_layer_type:  # Gemma 3: local and global rotary bases
             tables = {t: base.rotary_emb(x, positions, t) for t in layer_types}
         else:
             tables = dict.fromkeys(layer_types, base.rotary_emb(x, positions))
-        masks = self._masks(attention_mask, batch, seq, input_ids.device)
+        masks = attention_masks({a.sliding_window for a in self.attentions}, key_mask, batch, seq, start, device)
         sandwich = self.layout.sandwich_norms
-        for layer, attention, mlp, selection in zip(base.layers, self.attentions, self.mlps, selections):
+        for index, (layer, attention, mlp, selection) in enumerate(zip(base.layers, self.attentions, self.mlps, selections)):
             cos, sin = tables[attention.layer_type]
-            h = attention(layer.input_layernorm(x), cos, sin, masks[attention.sliding_window], selection)
+            h = attention(layer.input_layernorm(x), cos, sin, masks[attention.sliding_window], selection, cache, index)
             if sandwich:
                 x = x + layer.post_attention_layernorm(h)
                 x = x + layer.post_feedforward_layernorm(mlp(layer.pre_feedforward_layernorm(x), selection.ffn))
             else:
                 x = x + h
                 x = x + mlp(layer.post_attention_layernorm(x), selection.ffn)
+        if cache is not None:
+            cache.key_mask, cache.length = key_mask, start + seq
         return base.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, d) final-normed hidden states -> (batch, seq, vocab) logits (Gemma's
+        final-logit soft-capping applied)."""
+        logits = self.hf.lm_head(hidden)
+        cap = getattr(self.hf.config, "final_logit_softcapping", None)
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def forward(
         self,
@@ -429,11 +431,7 @@ class GatedDecoderLM(GatedModel):
             budget, gates: as for every family.
         """
         selections = self.layer_selections(input_ids, attention_mask, budget, gates)
-        logits = self.hf.lm_head(self.hidden_states(input_ids, attention_mask, selections))
-        cap = getattr(self.hf.config, "final_logit_softcapping", None)
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        return self.logits(self.hidden_states(input_ids, attention_mask, selections))
 
     # ------------------------------------------------------------------ family hooks
 
@@ -484,10 +482,14 @@ class GatedDecoderLM(GatedModel):
         )
 
     def lean_unsupported(self, *, routed: bool = False) -> str | None:
-        return "transformers causal LMs yet (no lean executor in this step: the module tree runs them)"
+        return "per-input routing" if routed else None
 
     def inference_module(self, *, routed: bool = False) -> nn.Module:
-        raise BAAError(f"the {self.family} family's lean executor does not run {self.lean_unsupported(routed=routed)}")
+        """The lean executor (:class:`~budgeted_attention.hf.decoder_cache.DecoderLMRunner`): the
+        hard selection with a K/V cache and a greedy decode loop; shares this model's weights."""
+        if routed:
+            raise BAAError(f"the {self.family} family's lean executor does not run {self.lean_unsupported(routed=True)}")
+        return DecoderLMRunner(self)
 
     def library_references(self) -> dict[str, nn.Module]:
         if self.is_pruned:

@@ -107,7 +107,7 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "hf-decoder", "budgeted_attention.hf.decoder:GatedDecoderLM", "budgeted_attention.pipeline.builders:HFDecoderBuilder",
-            Capabilities(classify=False, lm=True, routing=False, lean=False, onnx=False, ffn_units=True, depth=False, pretrained=True),
+            Capabilities(classify=False, lm=True, routing=False, lean=True, onnx=False, ffn_units=True, depth=False, pretrained=True),
             extra="hf",
         ),
     )
