@@ -82,6 +82,7 @@ class RunDir:
     routed_json = Artifact("routed.json", "Per-input routing speed, calibration and heads by difficulty.")
     routed_md = Artifact("routed.md", "The per-input routing results as Markdown.")
     serve_load = Artifact("serve_load.json", "A load test of ``baa serve`` (benchmarks/serve_load.py).")
+    decode_bench = Artifact("decode_bench.json", "A decoder's generation benchmark: prefill, decode, K/V cache (benchmarks/gemma_decode.py).")
     serve_soak = Artifact("serve_soak.json", "A fault and hostile-client test of ``baa serve`` (benchmarks/serve_soak.py).")
     units_dir = Artifact("units", "The finished-unit records of every seed.")
     checkpoints_dir = Artifact("checkpoints", "The checkpoints of every seed.")

@@ -94,6 +94,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "routed": _optional_json(run.routed_json, "per-input routing results"),
         "serve_load": _optional_json(run.serve_load, "load test", "trials"),
         "serve_soak": _optional_json(run.serve_soak, "soak test", "probes"),
+        "decode_bench": _optional_json(run.decode_bench, "generation benchmark", "rows"),
         "figures": run.figures(),
         "wall_time": _wall_time(run, results),
     }

@@ -3,7 +3,7 @@ page of the studies the project stands behind, and README's headline table.
 
 ``studies.yaml`` lists each study: ``name``, ``question`` (one line), ``config``, ``seeds``,
 ``commands`` (the exact lines; the run directories are their ``--out``), ``table`` (what answers
-the question: ``kind`` sweep, bench, ladder or serve, with the rows it keeps and its ``target``),
+the question: ``kind`` sweep, bench, ladder, serve or decode, with the rows it keeps and its ``target``),
 ``figure`` (a file of the run directory), ``headline`` (rows for README, one per selector) and
 ``replicas`` (run directories of the same commands run elsewhere, e.g. copied from another
 machine; the parts of a merged run directory count too). Every row of a table is shown alike, none bolded; a row that misses the study's target
@@ -29,7 +29,7 @@ from budgeted_attention.reporting.report import ReportError, _copy_figure, _rela
 from budgeted_attention.reporting.results import aggregate, display_method, metric_of
 
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
-KINDS = ("sweep", "bench", "ladder", "serve")
+KINDS = ("sweep", "bench", "ladder", "serve", "decode")
 _REQUIRED = ("name", "question", "config", "seeds", "commands", "table")
 _OPTIONAL = ("figure", "headline", "replicas")
 MAX_STUDIES, MAX_HEADLINE = 10, 12
@@ -188,7 +188,44 @@ def _serve(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[
     return header, out
 
 
-_TABLES = {"sweep": _sweep, "bench": _bench, "ladder": _ladder, "serve": _serve}
+def _decode(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Prefill and decode rows of a generation benchmark (benchmarks/gemma_decode.py's
+    ``decode_bench.json``): latency, tokens/s, speedups over the family's own dense executor and
+    the unmodified library model, the FLOP-ideal (output layer included) and the fraction of it
+    reached; target ``min_efficiency`` (of the pruned rows)."""
+    bench = run.get("decode_bench")
+    if bench is None:
+        raise FileNotFoundError("decode_bench.json")
+    minimum = (table.get("target") or {}).get("min_efficiency")
+    out = []
+    for r in bench["rows"]:
+        efficiency = r["speedup"] / r["ideal_speedup"] if r.get("ideal_speedup") else None
+        pruned = r["budget"] < 1.0
+        fail = (f"{efficiency:.2f} of the FLOP-ideal (target ≥ {minimum:g})"
+                if pruned and minimum is not None and efficiency is not None and efficiency < minimum else None)
+        rate = f"{r['tokens_per_s']:.1f}" if r.get("tokens_per_s") is not None else ""
+        kv = f"{r['kv_bytes_per_token'] / 1024:.1f} KiB + {r['kv_sliding_cap_bytes'] / 2**20:.1f} MiB" if "kv_bytes_per_token" in r else ""
+        cells = [r["phase"], f"{r['budget']:.2f}", str(r["batch_size"]), str(r["tokens"]), str(r.get("threads", "")), f"{r['ms']:.0f}", rate,
+                 f"{r['speedup']:.2f}x" if pruned else "", f"{r['library_speedup']:.2f}x", f"{r['ideal_speedup']:.2f}x" if pruned else "",
+                 f"{efficiency:.2f}" if pruned and efficiency is not None else "", f"{100 * r['output_layer_share']:.0f}%", kv]
+        what = f"{r['phase']} batch {r['batch_size']}, {r['tokens']} tokens"
+        brief = (f"{r['speedup']:.2f}x over dense ({efficiency:.2f} of FLOP-ideal {r['ideal_speedup']:.2f}x), {what}" if pruned
+                 else f"{r['library_speedup']:.2f}x over transformers, {what}")
+        out.append({"key": {"phase": r["phase"], "budget": r["budget"], "batch_size": r["batch_size"], "tokens": r["tokens"]},
+                    "cells": cells, "brief": brief, "fail": fail})
+    header = ["phase", "budget", "batch", "tokens", "threads", "ms", "tokens/s", "speedup over b = 1 (own executor)", "over transformers",
+              "FLOP-ideal", "of ideal", "output layer share of FLOPs", "K/V cache: per token + sliding-layer cap"]
+    return header, out
+
+
+def _decode_notes(run: dict[str, Any], table: dict[str, Any]) -> list[str]:
+    """The benchmark's ``checks`` (one line each) under the decode table."""
+    checks = (run.get("decode_bench") or {}).get("checks") or {}
+    return [f"- {name.replace('_', ' ')}: {json.dumps(value) if not isinstance(value, str) else value}" for name, value in checks.items()]
+
+
+_TABLES = {"sweep": _sweep, "bench": _bench, "ladder": _ladder, "serve": _serve, "decode": _decode}
+_NOTES = {"decode": _decode_notes}
 
 
 # ------------------------------------------------------------------ the page
@@ -268,6 +305,8 @@ def build_studies(studies: list[dict[str, Any]], root: Path, out: Path, figures_
         if run["results"].get("partial"):
             lines.append(f"- **Partial run**: {run['results']['partial']}")
         lines += ["", *_markdown_table([*header, "target"], [[*r["cells"], _target_cell(r)] for r in rows])]
+        if table["kind"] in _NOTES:
+            lines += ["", *_NOTES[table["kind"]](run, table)]
         for row in _selected(study, rows) or rows[:1]:
             headline.append([name, study["question"], row["brief"], _target_cell(row)])
         if not rows:
