@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import yaml
+
+import budgeted_attention as baa
 
 transformers = pytest.importorskip("transformers")
 
@@ -57,12 +60,10 @@ def test_baa_lm_runs_a_transformers_decoder_and_its_pruned_checkpoint_generates(
     assert hard["speedup"] > 0
     tokenizer = json.loads((out / "tokenizer.json").read_text())  # the model's own tokenizer, kept with the run
     assert "<eod>" in tokenizer["model"]["vocab"]
-    checkpoint = next(out.glob("checkpoints/seed0/*hard*0.5*.json"), None) or next(out.glob("checkpoints/seed0/*.json"))
-    model, _ = load_model(checkpoint)
-    import torch
-
+    small = baa.load(out).prune(0.5)  # as docs/getting-started.md shows
+    assert small.is_pruned and small.kv_heads_per_layer() and load_model(next(out.glob("checkpoints/seed0/budgeted-hard.json")))
     ids = torch.randint(3, 40, (1, 5))
-    assert model.inference_module().generate(ids, 4).shape == (1, 9)
+    assert small.inference_module().generate(ids, 4).shape == (1, 9)
     # resumable: a second run finds every unit done
     assert main(["lm", str(path), "--out", str(out), "--no-progress"]) == 0
 
