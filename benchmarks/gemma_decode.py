@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"need {batch * seq} prompt tokens, the held-out documents have {len(text)}")
         return text[: batch * seq].view(batch, seq).clone()
 
-    for seq in [int(s) for s in args.prefill_lens.split(",")]:
+    for seq in [int(s) for s in args.prefill_lens.split(",") if s]:
         prompt = ids(1, seq)
         functions = {"transformers": _reference_prefill(reference, prompt)} | {f"b={b:g}": _prefill(m, prompt) for b, m in models.items()}
         ms = measure_interleaved(functions, threads=args.threads, rounds=args.rounds, min_run_time=0.5)
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                          "output_layer_share": head / (body + head)})
         print(f"prefill {seq}: " + ", ".join(f"{k} {v:.0f} ms" for k, v in ms.items()), flush=True)
 
-    for batch in [int(b) for b in args.decode_batches.split(",")]:
+    for batch in [int(b) for b in args.decode_batches.split(",") if b]:
         prompt = ids(batch, args.prompt_len)
         functions = {"transformers": _reference_decode(reference, prompt, args.new_tokens)}
         functions |= {f"b={b:g}": _decode(m, prompt, args.new_tokens) for b, m in models.items()}
