@@ -206,7 +206,7 @@ def test_the_committed_page_is_the_commands_output_while_no_study_has_run(tmp_pa
 
 def test_decode_study_table_marks_rows_below_the_flop_ideal_and_lists_the_checks(tmp_path):
     studies = [{"name": "gemma_decode", "question": "Faster decoding?", "config": "benchmarks/gemma_decode.py", "seeds": [0],
-                "commands": ["python benchmarks/gemma_decode.py --out runs/g"], "table": {"kind": "decode", "target": {"min_efficiency": 0.9}},
+                "commands": ["python benchmarks/gemma_decode.py --out runs/g"], "table": {"kind": "decode", "target": {"min_efficiency": 0.9, "phases": ["decode"]}},
                 "headline": [{"phase": "decode", "budget": 0.5}]}]
     path = tmp_path / "studies.yaml"
     path.write_text(yaml.safe_dump({"studies": studies}))
@@ -214,6 +214,7 @@ def test_decode_study_table_marks_rows_below_the_flop_ideal_and_lists_the_checks
              "tokens_per_s": 128 / (ms / 1e3), "speedup": 1000.0 / ms, "library_speedup": 1100.0 / ms, "ideal_speedup": ideal,
              "output_layer_share": 0.6, "kv_bytes_per_token": 6144, "kv_sliding_cap_bytes": 2**20}
             for b, ms, ideal in ((1.0, 1000.0, 1.0), (0.5, 850.0, 1.25), (0.25, 700.0, 1.7))]
+    rows.append({**rows[1], "phase": "prefill", "speedup": 1.0})  # 0.8 of its ideal, but the target is the decode phase's
     _run(tmp_path, "g", [], decode_bench__json={"rows": rows, "checks": {"switch_ms_median": 0.05, "bit_exact": True}})
     write_studies_report(path, tmp_path / "docs" / "results.md", command=COMMAND)
     text = _section((tmp_path / "docs" / "results.md").read_text(), "gemma_decode")
@@ -223,4 +224,6 @@ def test_decode_study_table_marks_rows_below_the_flop_ideal_and_lists_the_checks
     assert quarter.endswith("| FAILS: 0.84 of the FLOP-ideal (target ≥ 0.9) |")  # 1.43x of 1.70x
     dense = next(line for line in text.splitlines() if line.startswith("| decode | 1.00 "))
     assert "| 1.10x |" in dense and "meets" in dense  # no speedup target for the dense row
+    prefill = next(line for line in text.splitlines() if line.startswith("| prefill | 0.50 "))
+    assert "| 0.80 |" in prefill and prefill.endswith("| no target |")
     assert "- switch ms median: 0.05" in text and "- bit exact: true" in text

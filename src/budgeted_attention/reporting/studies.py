@@ -124,7 +124,7 @@ def _sweep(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[
         ideal = f"{entry['ideal_speedup_mean']:.2f}x" if "ideal_speedup_mean" in entry else ""
         cells = [entry["method"], f"{entry['budget']:.2f}", str(len(group)), _pm(values, scale, digits) + span,
                  "" if cost is None else f"{cost:.3f}", measured, ideal]
-        brief = f"{metric.short} {_pm(values, scale, digits)}" + (f" (dense {_pm(dense, scale, digits)})" if dense else "")
+        brief = f"{entry['method']} b = {entry['budget']:g}: {metric.short} {_pm(values, scale, digits)}" + (f" (dense {_pm(dense, scale, digits)})" if dense else "")
         out.append({"key": {"method": entry["method"], "budget": entry["budget"]}, "cells": cells,
                     "brief": brief + (f", {measured} measured" if speed else ""), "fail": "; ".join(fails) or None})
     header = ["method", "budget", "seeds", f"test {metric.short}: mean ± std [min, max] over seeds", "cost", "speedup (measured, ± std)", "FLOP-ideal"]
@@ -192,17 +192,19 @@ def _decode(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list
     """Prefill and decode rows of a generation benchmark (benchmarks/gemma_decode.py's
     ``decode_bench.json``): latency, tokens/s, speedups over the family's own dense executor and
     the unmodified library model, the FLOP-ideal (output layer included) and the fraction of it
-    reached; target ``min_efficiency`` (of the pruned rows)."""
+    reached; target ``min_efficiency`` (of the pruned rows of the target's ``phases``, default all)."""
     bench = run.get("decode_bench")
     if bench is None:
         raise FileNotFoundError("decode_bench.json")
-    minimum = (table.get("target") or {}).get("min_efficiency")
+    target = table.get("target") or {}
+    minimum = target.get("min_efficiency")
+    phases = set(target.get("phases") or [r["phase"] for r in bench["rows"]])
     out = []
     for r in bench["rows"]:
         efficiency = r["speedup"] / r["ideal_speedup"] if r.get("ideal_speedup") else None
         pruned = r["budget"] < 1.0
         fail = (f"{efficiency:.2f} of the FLOP-ideal (target ≥ {minimum:g})"
-                if pruned and minimum is not None and efficiency is not None and efficiency < minimum else None)
+                if pruned and r["phase"] in phases and minimum is not None and efficiency is not None and efficiency < minimum else None)
         rate = f"{r['tokens_per_s']:.1f}" if r.get("tokens_per_s") is not None else ""
         kv = f"{r['kv_bytes_per_token'] / 1024:.1f} KiB + {r['kv_sliding_cap_bytes'] / 2**20:.1f} MiB" if "kv_bytes_per_token" in r else ""
         cells = [r["phase"], f"{r['budget']:.2f}", str(r["batch_size"]), str(r["tokens"]), str(r.get("threads", "")), f"{r['ms']:.0f}", rate,
@@ -212,7 +214,7 @@ def _decode(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list
         brief = (f"{r['speedup']:.2f}x over dense ({efficiency:.2f} of FLOP-ideal {r['ideal_speedup']:.2f}x), {what}" if pruned
                  else f"{r['library_speedup']:.2f}x over transformers, {what}")
         out.append({"key": {"phase": r["phase"], "budget": r["budget"], "batch_size": r["batch_size"], "tokens": r["tokens"]},
-                    "cells": cells, "brief": brief, "fail": fail})
+                    "cells": cells, "brief": brief, "fail": fail, "untargeted": r["phase"] not in phases})
     header = ["phase", "budget", "batch", "tokens", "threads", "ms", "tokens/s", "speedup over b = 1 (own executor)", "over transformers",
               "FLOP-ideal", "of ideal", "output layer share of FLOPs", "K/V cache: per token + sliding-layer cap"]
     return header, out
@@ -221,7 +223,14 @@ def _decode(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list
 def _decode_notes(run: dict[str, Any], table: dict[str, Any]) -> list[str]:
     """The benchmark's ``checks`` (one line each) under the decode table."""
     checks = (run.get("decode_bench") or {}).get("checks") or {}
-    return [f"- {name.replace('_', ' ')}: {json.dumps(value) if not isinstance(value, str) else value}" for name, value in checks.items()]
+    def shown(value: Any) -> str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, float):
+            return f"{value:.3g}"
+        return json.dumps(value)
+
+    return [f"- {name.replace('_', ' ')}: {shown(value)}" for name, value in checks.items()]
 
 
 _TABLES = {"sweep": _sweep, "bench": _bench, "ladder": _ladder, "serve": _serve, "decode": _decode}
@@ -242,6 +251,8 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _target_cell(row: dict[str, Any]) -> str:
+    if row.get("untargeted"):
+        return "no target"
     return f"FAILS: {row['fail']}" if row["fail"] else "meets"
 
 
