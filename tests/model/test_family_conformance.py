@@ -46,19 +46,29 @@ def _bert():
     return GatedBertClassifier(transformers.BertForSequenceClassification(cfg), ffn_group_size=8)
 
 
-def _hf_decoder():
+def _tiny_gemma():
     transformers = pytest.importorskip("transformers")
-    from budgeted_attention.hf.decoder import GatedDecoderLM
-
     cfg = transformers.Gemma3TextConfig(
         vocab_size=31, hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
         intermediate_size=32, max_position_embeddings=16, sliding_window=4, query_pre_attn_scalar=8,
         layer_types=["sliding_attention", "full_attention"], attn_implementation="sdpa",
     )
-    return GatedDecoderLM(transformers.Gemma3ForCausalLM(cfg), ffn_group_size=8)
+    return transformers.Gemma3ForCausalLM(cfg)
 
 
-TINY = {"encoder": _encoder, "decoder": _decoder, "bert": _bert, "hf-decoder": _hf_decoder}
+def _hf_decoder():
+    from budgeted_attention.hf.decoder import GatedDecoderLM
+
+    return GatedDecoderLM(_tiny_gemma(), ffn_group_size=8)
+
+
+def _hf_decoder_classifier():
+    from budgeted_attention.hf.decoder_classifier import GatedDecoderClassifier
+
+    return GatedDecoderClassifier(_tiny_gemma(), 3, ffn_group_size=8)
+
+
+TINY = {"encoder": _encoder, "decoder": _decoder, "bert": _bert, "hf-decoder": _hf_decoder, "hf-decoder-classifier": _hf_decoder_classifier}
 
 
 def test_every_registered_family_has_a_tiny_builder_here():

@@ -260,6 +260,7 @@ class DecoderLMCostModel:
 
     Attributes:
         windows: per layer, the sliding window (None: full causal attention).
+        vocab_size: outputs of the output layer (a classifier's: its labels).
     """
 
     n_heads: int
@@ -270,6 +271,7 @@ class DecoderLMCostModel:
     vocab_size: int
     windows: tuple[int | None, ...]
     seq_len: int
+    output_every_position: bool = True  # False: a classifier scores one pooled position
 
     @property
     def n_layers(self) -> int:
@@ -295,8 +297,10 @@ class DecoderLMCostModel:
         return 3 * 2 * self.seq_len * self.d_model * group_size
 
     def classifier_flops(self) -> int:
-        """The output layer (vocabulary projection) at every position: fixed cost."""
-        return 2 * self.seq_len * self.d_model * self.vocab_size
+        """The output layer (``vocab_size`` outputs: the vocabulary projection at every position,
+        or a classifier's labels at one position): fixed cost."""
+        positions = self.seq_len if self.output_every_position else 1
+        return 2 * positions * self.d_model * self.vocab_size
 
     def head_costs(self) -> torch.Tensor:
         """(n_layers, n_heads) FLOPs per query head (layers differ by their windows)."""
@@ -542,13 +546,20 @@ def unmodified_reference(model: GatedDecoderLM) -> nn.Module:
     what the gated model is compared and timed against. Only while nothing was pruned."""
     if model.is_pruned:
         raise ValueError("a pruned model has no unmodified reference")
-    hf = model.hf
+    return fresh_copy(model.hf)
+
+
+def fresh_copy(module: nn.Module) -> nn.Module:
+    """A new transformers module of ``module``'s class and config (a causal LM or its decoder
+    body, unmodified transformers code) holding copies of its weights and buffers, eval mode.
+    ``module`` may hold our gated attention and FFN modules: their parameter names are the
+    transformers ones."""
     with torch.device("meta"):
-        reference = type(hf)(copy.deepcopy(hf.config))
-    reference.load_state_dict({k: v.detach().clone() for k, v in hf.state_dict().items()}, assign=True)
-    if getattr(hf.config, "tie_word_embeddings", False):
+        reference = type(module)(copy.deepcopy(module.config))
+    reference.load_state_dict({k: v.detach().clone() for k, v in module.state_dict().items()}, assign=True)
+    if getattr(module.config, "tie_word_embeddings", False) and hasattr(reference, "lm_head"):
         reference.lm_head.weight = reference.model.embed_tokens.weight
-    for name, buffer in hf.named_buffers():  # non-persistent buffers (rotary tables, Gemma's embedding scale)
+    for name, buffer in module.named_buffers():  # non-persistent buffers (rotary tables, Gemma's embedding scale)
         owner, _, attr = name.rpartition(".")
         reference.get_submodule(owner).register_buffer(attr, buffer.clone(), persistent=False)
     return reference.eval()

@@ -110,6 +110,12 @@ FAMILIES: dict[str, Family] = {
             Capabilities(classify=False, lm=True, routing=False, lean=True, onnx=False, ffn_units=True, depth=False, pretrained=True),
             extra="hf",
         ),
+        Family(
+            "hf-decoder-classifier", "budgeted_attention.hf.decoder_classifier:GatedDecoderClassifier",
+            "budgeted_attention.pipeline.builders:HFDecoderClassifierBuilder",
+            Capabilities(classify=True, lm=False, routing=False, lean=True, onnx=False, ffn_units=True, depth=False, pretrained=True),
+            extra="hf",
+        ),
     )
 }
 

@@ -151,6 +151,37 @@ class HFDecoderBuilder:
         return load_hf_decoder(self.path, gguf_file=self.gguf_file, ffn_group_size=self.ffn_group_size)
 
 
+class HFDecoderClassifierBuilder(HFDecoderBuilder):
+    """A transformers decoder (Llama, Qwen2, Qwen3, Gemma 3 text) as a sequence classifier (new
+    score layer on the last real token), with its own tokenizer set to pad with its pad token (its
+    end-of-sequence token where it has none); ``pretrained.path`` as for the hf-decoder family."""
+
+    def __init__(self, template: ModelConfig, pretrained: PretrainedConfig, ffn_group_size: int = 0) -> None:
+        super().__init__(template, pretrained, ffn_group_size)
+        self.num_labels = 0
+
+    def pretrained_tokenizer(self):
+        from budgeted_attention.hf.decoder_layouts import check_tokenizer, load_tokenizer  # noqa: PLC0415 - needs transformers (the hf extra): loaded with the hf-decoder families only
+
+        tokenizer = load_tokenizer(self.path, gguf_file=self.gguf_file)
+        check_tokenizer(self.rows, tokenizer, f"the tokenizer of '{self.path}'")
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad_id is None:
+            raise ConfigError(f"the tokenizer of '{self.path}' has neither a padding nor an end-of-sequence token to pad with")
+        backend = tokenizer.backend_tokenizer
+        backend.enable_padding(pad_id=int(pad_id), pad_token=tokenizer.convert_ids_to_tokens(int(pad_id)))
+        return backend
+
+    def prepare(self, splits: TensorSplits, bench_seq_lens: list[int]) -> None:
+        super().prepare(splits, bench_seq_lens)
+        self.num_labels = splits.n_classes
+
+    def create(self) -> GatedModel:
+        from budgeted_attention.hf.decoder_classifier import load_hf_decoder_classifier  # noqa: PLC0415 - needs transformers (the hf extra): loaded with the hf-decoder families only
+
+        return load_hf_decoder_classifier(self.path, self.num_labels, gguf_file=self.gguf_file, ffn_group_size=self.ffn_group_size)
+
+
 def check_max_len(max_len: int, data_len: int, bench_seq_lens: list[int], what: str) -> None:
     """The data and every benchmark length must fit the model, checked before any training."""
     if data_len > max_len:
