@@ -129,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compile", action="store_true", help="torch.compile every timed model")
     bench.add_argument("--cuda-graphs", action="store_true", help="time CUDA-graph replays (--device cuda)")
     bench.add_argument("--onnx", action="store_true", help="also time ONNX Runtime graphs of the dense and pruned models (needs the serve extra)")
+    bench.add_argument("--int8", action="store_true", help="with --onnx: also time the graphs' dynamic int8 quantizations")
     bench.add_argument("--json", help=f"write the JSON result here (default RUN_DIR/{RunDir.bench_json.name})")
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_positive_int, default=8000, help="port (default 8000)")
     serve.add_argument("--workers", type=_positive_int, default=1, help="worker processes, each with its own model copy (default 1)")
     serve.add_argument("--backend", choices=["torch", "onnxruntime"], default=None, help="model runtime (default: serve.backend, torch)")
+    serve.add_argument("--int8", action="store_true", help="with --backend onnxruntime: serve the int8 graphs of 'baa export --int8'")
     serve.add_argument("--onnx-dir", help="graphs of 'baa export' for --backend onnxruntime (default RUN_DIR/onnx)")
     serve.add_argument("--config", help="YAML file with the server settings (see docs/serving.md)")
     serve.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override one setting, e.g. --set target_p95_ms=50")
@@ -164,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--seed", type=int, default=None, help="which seed's checkpoint (default: the first found)")
     export.add_argument("--out", help="output directory (default RUN_DIR/onnx)")
     export.add_argument("--atol", type=_positive_float, default=1e-4, help="largest |ONNX Runtime - PyTorch| accepted (default 1e-4)")
+    export.add_argument("--int8", action="store_true", help="also write each graph's dynamic int8 quantization (budget-B.int8.onnx, ONNX Runtime)")
+    export.add_argument("--per-channel", action="store_true", help="with --int8: one weight scale per output channel (default: per tensor)")
 
     report = sub.add_parser("report", help="write a results document (Markdown + figures) from run directories or from studies.yaml")
     report.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="run directories, one section each, in this order")
@@ -236,6 +240,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         json_path=args.json,
         lengths=args.lengths,
         onnx=args.onnx,
+        int8=args.int8,
         device=args.device,
         compile=args.compile,
         cuda_graphs=args.cuda_graphs,
@@ -265,12 +270,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from budgeted_attention.checkpoint import load_model, load_ranking, parse_ranking, read_description, verify_artifacts  # noqa: PLC0415 - `baa --help` loads no command's stack
     from budgeted_attention.export.onnx import export_budgets  # noqa: PLC0415 - `baa --help` loads no command's stack
 
+    if args.per_channel and not args.int8:
+        raise ConfigError("--per-channel applies to --int8 graphs; add --int8")
     run, checkpoint = RunDir.locate(args.run_dir, args.seed, command="baa experiment")
     parse_ranking(checkpoint, read_description(checkpoint))
     model, description = load_model(checkpoint)
     verify_artifacts(checkpoint, description, RunDir.of_checkpoint(checkpoint).path, model)  # the graphs are served with this run's tokenizer
     ranking = load_ranking(checkpoint, description, model)
-    export_budgets(model, ranking, args.budgets or [0.25, 0.5, 0.75, 1.0], args.out or run.onnx_dir, atol=args.atol)
+    export_budgets(model, ranking, args.budgets or [0.25, 0.5, 0.75, 1.0], args.out or run.onnx_dir, atol=args.atol,
+                   int8=args.int8, per_channel=args.per_channel)
     return 0
 
 

@@ -88,3 +88,89 @@ def test_bench_times_onnx_runtime_beside_pytorch(tiny_run, tmp_path):
     assert main_rows and all(r["onnx_latency_ms"] > 0 and r["onnx_dense_latency_ms"] > 0 for r in main_rows)
     assert "onnxruntime" in result["setting"]["onnx"]
     assert "ORT speedup" in (tmp_path / "b.md").read_text()
+
+
+# ------------------------------------------------------------------ int8
+
+
+def test_export_budgets_int8_writes_a_smaller_quantized_graph_per_budget(tiny_model, tmp_path):
+    from budgeted_attention.export.onnx import check_int8_graph
+
+    ranking = Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(2))))
+    summary = export_budgets(tiny_model, ranking, [0.5, 1.0], tmp_path / "onnx", int8=True, log=lambda *_: None)
+    assert summary["int8"] is True
+    for graph in summary["graphs"]:
+        int8_path = graph_path(tmp_path / "onnx", graph["budget"], int8=True)
+        assert int8_path.name == graph["int8"]["file"] and int8_path.is_file()
+        assert graph["int8"]["bytes"] < graph["bytes"]  # int8 weights
+        assert 0.0 <= graph["int8"]["argmax_agreement"] <= 1.0 and graph["int8"]["max_abs_difference"] > 0.0
+    ops = {node.op_type for node in onnx.load(str(graph_path(tmp_path / "onnx", 1.0, int8=True))).graph.node}
+    assert ops & {"DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul"}  # really quantized
+    again = check_int8_graph(tiny_model, graph_path(tmp_path / "onnx", 1.0), graph_path(tmp_path / "onnx", 1.0))
+    assert again == {"max_abs_difference": 0.0, "argmax_agreement": 1.0}  # the check compares what it is given
+
+
+def test_a_graph_that_fails_to_quantize_is_one_line_and_leaves_nothing(tmp_path):
+    from budgeted_attention.export.onnx import ExportError, quantize_graph
+
+    broken = tmp_path / "budget-0.5.onnx"
+    broken.write_bytes(b"not an onnx graph")
+    with pytest.raises(ExportError, match="cannot quantize .*budget-0.5.onnx") as info:
+        quantize_graph(broken, tmp_path / "budget-0.5.int8.onnx")
+    assert "\n" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["budget-0.5.onnx"]  # no int8 file, no temporary file
+
+
+def test_int8_engine_serves_the_quantized_graphs_close_to_torch(tiny_run, tmp_path, capsys):
+    out = tmp_path / "graphs"
+    assert main(["export", str(tiny_run), "--budget", "0.5,1", "--out", str(out), "--int8"]) == 0
+    summary = json.loads((out / "export.json").read_text())
+    assert all(g["int8"]["file"].endswith(".int8.onnx") for g in summary["graphs"])
+    texts = ["shares fall as the market opens", "the team won", "a"]
+    torch_engine = Engine(tiny_run, ServeConfig(budgets=[0.5, 1.0], min_budget=0.5))
+    int8_engine = Engine(tiny_run, ServeConfig(budgets=[0.5, 1.0], min_budget=0.5, backend="onnxruntime", int8=True), onnx_dir=out)
+    assert int8_engine.runtime == "onnxruntime int8" and int8_engine.describe()["runtime"] == "onnxruntime int8"
+    for budget in (0.5, 1.0):
+        served = int8_engine.classify(texts, budget).probabilities
+        assert served.shape == (3, torch_engine.n_classes) and torch.allclose(served.sum(-1), torch.ones(3))
+        assert torch.allclose(served, torch_engine.classify(texts, budget).probabilities, atol=0.1)  # int8 rounding, not another model
+
+
+def test_int8_refusals_are_one_line(tiny_run, tmp_path, capsys):
+    from budgeted_attention.errors import ConfigError
+    from budgeted_attention.serving.engine import check_graphs
+
+    assert main(["export", str(tiny_run), "--per-channel", "--out", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--int8" in err and not (tmp_path / "g").exists()
+    with pytest.raises(ConfigError, match="serve.int8 .*needs backend onnxruntime, got 'torch'"):
+        ServeConfig(int8=True)
+    main(["export", str(tiny_run), "--budget", "1", "--out", str(tmp_path / "float")])
+    with pytest.raises(ConfigError, match=r"no int8 ONNX graph for budgets \[1.0\] .*--int8"):
+        check_graphs(tmp_path / "float", [1.0], tiny_run, int8=True)
+    with pytest.raises(ConfigError, match="bench.int8 .*needs bench.onnx"):
+        from budgeted_attention.benchmark.config import BenchConfig
+
+        BenchConfig(int8=True)
+
+
+def test_int8_export_of_a_family_without_onnx_is_refused_before_writing(tmp_path):
+    from budgeted_attention.errors import ConfigError
+    from budgeted_attention.model.decoder import CausalLM, DecoderConfig
+
+    model = CausalLM(DecoderConfig(vocab_size=31, n_classes=31, max_len=16, d_model=16, n_layers=2, n_heads=4, d_ff=32))
+    ranking = Ranking.from_scores(model.unit_importance(), model.unit_costs(8))
+    with pytest.raises(ConfigError, match=r"ONNX export \(--int8\) needs a model family with onnx"):
+        export_budgets(model, ranking, [0.5], tmp_path / "onnx", int8=True, log=lambda *_: None)
+    assert not (tmp_path / "onnx").exists()
+
+
+def test_bench_times_int8_graphs_against_dense_int8_and_the_float_reference(tiny_run, tmp_path):
+    from budgeted_attention.recipes.bench import run_bench
+
+    result = run_bench(tiny_run, seed=0, budgets=[0.5], batch_sizes=[2], seq_lens=[8], threads=1, rounds=1, min_run_time=0.005,
+                       json_path=str(tmp_path / "b.json"), onnx=True, int8=True, progress=False, log=lambda *_: None)
+    rows = [r for r in result["rows"] if r["scope"] == "all"]
+    assert rows and all(r["int8_latency_ms"] > 0 and r["int8_dense_latency_ms"] > 0 and r["int8_speedup"] > 0 for r in rows)
+    assert "quantize_dynamic" in result["setting"]["int8"]
+    assert "int8 speedup" in (tmp_path / "b.md").read_text()

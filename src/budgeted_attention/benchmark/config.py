@@ -24,6 +24,8 @@ class BenchConfig:
             real token counts (the latency a user of the data set sees).
         onnx: also export the dense model and every budget's pruned model to ONNX and time them
             with ONNX Runtime (``threads`` intra-op threads) in the same interleaved rounds.
+        int8: with ``onnx``, also time each graph's dynamic int8 quantization (dense int8 is the
+            Optimum-style peer a user would pick instead).
         device: ``cpu`` (torch.utils.benchmark) or ``cuda`` (CUDA events after warm-up, every
             model and input on the GPU).
         compile: ``torch.compile`` every timed model (each pruned shape compiles once).
@@ -43,6 +45,7 @@ class BenchConfig:
     include_sliced: bool = True
     lengths: bool = False
     onnx: bool = False
+    int8: bool = False
     device: str = "cpu"
     compile: bool = False
     cuda_graphs: bool = False
@@ -57,6 +60,9 @@ class BenchConfig:
         check_bool(self.include_sliced, "bench.include_sliced")
         check_bool(self.lengths, "bench.lengths")
         check_bool(self.onnx, "bench.onnx")
+        check_bool(self.int8, "bench.int8")
+        if self.int8 and not self.onnx:
+            raise ConfigError("bench.int8 quantizes the ONNX graphs: it needs bench.onnx (baa bench --onnx --int8)")
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(f"bench.device must be 'cpu' or 'cuda', got {self.device!r}")
         check_bool(self.compile, "bench.compile")

@@ -87,15 +87,19 @@ def _runner(module: Callable[..., Any], batches: list[tuple[torch.Tensor, torch.
 
 
 def _onnx_runners(
-    model: GatedModel, pruned: dict[str, tuple[float, GatedModel, bool]], keys: list[str], threads: int, folder: str
+    model: GatedModel, pruned: dict[str, tuple[float, GatedModel, bool]], keys: list[str], threads: int, folder: str, int8: bool = False,
 ) -> dict[str, Callable[[list[tuple[torch.Tensor, torch.Tensor | None]]], Callable[[], None]]]:
     """ONNX Runtime sessions of the dense model (``onnx_dense``) and of the pruned models ``keys``
-    (``onnx_<key>``), as factories of zero-argument runners over a list of batches."""
-    from budgeted_attention.export.onnx import export_model, make_session  # noqa: PLC0415 - onnx and onnxruntime are optional: only with --onnx
+    (``onnx_<key>``), with ``int8`` also of their int8 quantizations (``int8_dense``,
+    ``int8_<key>``), as factories of zero-argument runners over a list of batches."""
+    from budgeted_attention.export.onnx import export_model, make_session, quantize_graph  # noqa: PLC0415 - onnx and onnxruntime are optional: only with --onnx
 
     graphs = {"onnx_dense": model}
     graphs.update({f"onnx_{key}": pruned[key][1] for key in keys})
-    sessions = {name: make_session(export_model(m, f"{folder}/{name}.onnx"), threads) for name, m in graphs.items()}
+    paths = {name: export_model(m, f"{folder}/{name}.onnx") for name, m in graphs.items()}
+    if int8:
+        paths |= {name.replace("onnx_", "int8_", 1): quantize_graph(path, f"{folder}/{name}.int8.onnx") for name, path in list(paths.items())}
+    sessions = {name: make_session(path, threads) for name, path in paths.items()}
 
     def factory(session):
         def make(batches):
@@ -147,7 +151,9 @@ def bench_models(
         seq_len, threads, dense_latency_ms, latency_ms, speedup, ideal_speedup, efficiency,
         heads_kept, heads_per_layer, ffn_per_layer, flops_fraction``, with a library model
         ``library, library_latency_ms, library_speedup``, with ONNX ``onnx_dense_latency_ms,
-        onnx_latency_ms, onnx_speedup, onnx_efficiency``.
+        onnx_latency_ms, onnx_speedup, onnx_efficiency``, with int8 ``int8_dense_latency_ms,
+        int8_latency_ms, int8_speedup`` (over the dense int8 graph) and ``int8_library_speedup``
+        (over the float library model).
 
     Raises:
         BAAError: the model has something its family's lean executor does not run (named).
@@ -173,7 +179,7 @@ def bench_models(
     main_keys = [_key(b, units.scope) for b, units in kept_by_budget.items()]
     try:
         with tempfile.TemporaryDirectory(prefix="baa-bench-onnx-") as folder:
-            onnx = _onnx_runners(model, pruned, main_keys, cfg.threads, folder) if cfg.onnx else {}
+            onnx = _onnx_runners(model, pruned, main_keys, cfg.threads, folder, cfg.int8) if cfg.onnx else {}
             rows = _time_settings(model, lean, library, pruned, onnx, cfg, _input_settings(model, cfg, vocab, lengths, pad_id, low_id), progress)
     finally:
         model.to("cpu")  # the caller's model, moved to the timing device above
@@ -192,6 +198,7 @@ def bench_models(
             "length_batches": LENGTH_BATCHES if lengths else 0,
             "family": model.family,
             "onnx": f"onnxruntime {_ort_version()}, {cfg.threads} intra-op thread(s), b = 1 graph as its reference" if cfg.onnx else None,
+            "int8": "dynamic int8 (onnxruntime.quantization.quantize_dynamic: int8 MatMul/Gemm weights per tensor, uint8 activations), the b = 1 int8 graph as its reference" if cfg.int8 else None,
         },
     }
     if cfg.device == "cuda":
@@ -276,6 +283,12 @@ def _time_settings(
                 row["onnx_latency_ms"] = latency[f"onnx_{key}"]
                 row["onnx_speedup"] = latency["onnx_dense"] / latency[f"onnx_{key}"]
                 row["onnx_efficiency"] = row["onnx_speedup"] / row["ideal_speedup"]
+            if f"int8_{key}" in latency:  # int8: the pruned int8 graph against the dense int8 graph and the float library model
+                row["int8_dense_latency_ms"] = latency["int8_dense"]
+                row["int8_latency_ms"] = latency[f"int8_{key}"]
+                row["int8_speedup"] = latency["int8_dense"] / latency[f"int8_{key}"]
+                if library is not None:
+                    row["int8_library_speedup"] = latency["library"] / latency[f"int8_{key}"]
             rows.append(row)
     return rows
 

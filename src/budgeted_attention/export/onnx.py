@@ -8,6 +8,15 @@ for zero input features), so the exported layer is LayerNorm(x + bias) with no z
 
 The trace runs with a padded example batch, so the attention-mask path is the one recorded; an
 unpadded batch gives the same result through it.
+
+int8 (``int8=True``): each float graph is also quantized with ONNX Runtime's dynamic quantization
+(``quantize_dynamic``, the recipe Hugging Face Optimum applies for CPUs: int8 weights of every
+``MatMul``/``Gemm``, per tensor unless ``per_channel``; activations quantized to uint8 at run
+time from their observed range, so no calibration data is needed). ONNX Runtime recommends
+dynamic over static quantization for transformers; its U8S8 kernels use AVX512-VNNI / AMX where
+the CPU has them. The int8 graph is ``budget-<b>.int8.onnx`` next to the float one; it cannot
+match the float logits to 1e-4, so its check reports the logit difference and the argmax
+agreement with the float graph instead of failing on them.
 """
 
 from __future__ import annotations
@@ -37,9 +46,10 @@ class ExportError(BAAError):
     """An export failed or its graph does not reproduce the PyTorch model."""
 
 
-def graph_path(directory: str | Path, budget: float) -> Path:
-    """Where the graph of ``budget`` lives in an export directory: ``budget-0.5.onnx``."""
-    return Path(directory) / f"budget-{validate_budget(budget):g}.onnx"
+def graph_path(directory: str | Path, budget: float, *, int8: bool = False) -> Path:
+    """Where the graph of ``budget`` lives in an export directory: ``budget-0.5.onnx``, or
+    ``budget-0.5.int8.onnx`` for its int8 quantization."""
+    return Path(directory) / f"budget-{validate_budget(budget):g}{'.int8' if int8 else ''}.onnx"
 
 
 class _Logits(nn.Module):
@@ -113,25 +123,72 @@ def check_graph(model: GatedModel, path: str | Path, *, atol: float = 1e-4, shap
     return worst
 
 
+def quantize_graph(float_path: str | Path, int8_path: str | Path, *, per_channel: bool = False) -> Path:
+    """Dynamic int8 quantization of the float graph ``float_path`` to ``int8_path`` (atomically:
+    a failure leaves nothing there). Weights of ``MatMul``/``Gemm`` become int8 (per output channel
+    with ``per_channel``), activations are quantized at run time.
+
+    Raises:
+        ExportError: ONNX Runtime cannot quantize the graph (its message, first line).
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415 - onnxruntime is optional (the serve extra)
+
+    int8_path = Path(int8_path)
+    with atomic_path(int8_path) as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the quantizer's advice to pre-process (we quantize the optimised trace as it is)
+        try:
+            quantize_dynamic(str(float_path), str(tmp), weight_type=QuantType.QInt8, per_channel=per_channel, op_types_to_quantize=["MatMul", "Gemm"])
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises bare Exceptions, ValueErrors and protobuf errors: one line for all
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ExportError(f"cannot quantize '{float_path}' to int8: {reason}") from None
+    return int8_path
+
+
+def check_int8_graph(model: GatedModel, float_path: str | Path, int8_path: str | Path, *, batches: int = 4, batch: int = 8) -> dict[str, float]:
+    """How the int8 graph differs from the float graph on random inputs of ``model``'s shape:
+    ``{"max_abs_difference": logits, "argmax_agreement": fraction of rows with the same class}``.
+    Reported, not enforced (the agreement that counts is on real data: ``benchmarks/int8_peers.py``)."""
+    float_session, int8_session = make_session(float_path), make_session(int8_path)
+    worst, same, rows = 0.0, 0, 0
+    for index in range(batches):
+        ids, mask = example_inputs(model, batch, min(32, model.max_len), seed=100 + index)
+        feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+        expected, found = float_session.run(None, feed)[0], int8_session.run(None, feed)[0]
+        worst = max(worst, float(abs(found - expected).max()))
+        same += int((found.argmax(-1) == expected.argmax(-1)).sum())
+        rows += found.shape[0]
+    return {"max_abs_difference": worst, "argmax_agreement": same / rows}
+
+
 def export_budgets(
-    model: GatedModel, ranking: Ranking, budgets: list[float], out_dir: str | Path, *, atol: float = 1e-4, log=print,
+    model: GatedModel, ranking: Ranking, budgets: list[float], out_dir: str | Path, *, atol: float = 1e-4,
+    int8: bool = False, per_channel: bool = False, log=print,
 ) -> dict[str, Any]:
-    """One checked graph per budget in ``out_dir`` plus ``export.json`` describing them."""
+    """One checked graph per budget in ``out_dir`` (and with ``int8`` its int8 quantization) plus
+    ``export.json`` describing them. Nothing is written for a family without ONNX export."""
+    require(model.family, "onnx", "ONNX export" + (" (--int8)" if int8 else ""))
     out = Path(out_dir)
     graphs = []
     for budget in budgets:
         pruned = prune_to_budget(model, ranking, budget).eval()
         path = export_model(pruned, graph_path(out, budget))
         difference = check_graph(pruned, path, atol=atol)
-        graphs.append({
+        graph = {
             "budget": budget,
             "file": path.name,
             "heads_per_layer": pruned.heads_per_layer,
             "groups_per_layer": pruned.groups_per_layer or None,
             "bytes": os.path.getsize(path),
             "max_abs_difference": difference,
-        })
-        log(f"budget {budget:g}: {path} (heads per layer {pruned.heads_per_layer}, max |ORT - torch| = {difference:.1e})")
-    summary = {"format": "onnx", "opset": OPSET, "inputs": list(INPUTS), "family": model.family, "graphs": graphs}
+        }
+        note = ""
+        if int8:
+            quantized = quantize_graph(path, graph_path(out, budget, int8=True), per_channel=per_channel)
+            check = check_int8_graph(pruned, path, quantized)
+            graph["int8"] = {"file": quantized.name, "bytes": os.path.getsize(quantized), "per_channel": per_channel, **check}
+            note = f"; int8 {quantized.name}: {os.path.getsize(quantized) / os.path.getsize(path):.0%} of the bytes, argmax agreement {check['argmax_agreement']:.0%} on random inputs"
+        graphs.append(graph)
+        log(f"budget {budget:g}: {path} (heads per layer {pruned.heads_per_layer}, max |ORT - torch| = {difference:.1e}{note})")
+    summary = {"format": "onnx", "opset": OPSET, "inputs": list(INPUTS), "family": model.family, "int8": int8, "graphs": graphs}
     write_json_atomic(out / "export.json", summary)
     return summary

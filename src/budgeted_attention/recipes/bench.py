@@ -19,7 +19,7 @@ from budgeted_attention.rundir import RunDir
 
 def run_bench(
     run_dir: str | Path, *, seed: int | None, budgets: list[float], batch_sizes: list[int], seq_lens: list[int] | None, threads: int,
-    rounds: int, min_run_time: float, json_path: str | None, lengths: bool = False, onnx: bool = False, device: str = "cpu",
+    rounds: int, min_run_time: float, json_path: str | None, lengths: bool = False, onnx: bool = False, int8: bool = False, device: str = "cpu",
     compile: bool = False, cuda_graphs: bool = False, progress: bool = True, log=print,
 ) -> dict[str, Any]:
     """Bench the budgeted-hard checkpoint of a run (any model family) and write JSON/MD/PNG.
@@ -31,7 +31,7 @@ def run_bench(
     verify_artifacts(checkpoint, description, RunDir.of_checkpoint(checkpoint).path)  # and so does another run's tokenizer or labels
     cfg = BenchConfig(
         budgets=budgets, batch_sizes=batch_sizes, seq_lens=seq_lens or [128], threads=threads, rounds=rounds, min_run_time=min_run_time,
-        lengths=lengths, onnx=onnx, device=device, compile=compile, cuda_graphs=cuda_graphs,
+        lengths=lengths, onnx=onnx, int8=int8, device=device, compile=compile, cuda_graphs=cuda_graphs,
     )
     model, description = load_model(checkpoint)
     if seq_lens is None:

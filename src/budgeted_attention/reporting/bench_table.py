@@ -33,6 +33,13 @@ _ONNX: list[Column] = [
     ("ORT speedup", "onnx_speedup", ".2f", "x", False),
     ("ORT / ideal", "onnx_efficiency", ".2f", "", False),
 ]
+# int8 (baa bench --onnx --int8): the pruned int8 graph against the dense int8 graph and the float library model.
+_INT8: list[Column] = [
+    ("int8 dense ms", "int8_dense_latency_ms", ".3f", "", False),
+    ("int8 pruned ms", "int8_latency_ms", ".3f", "", False),
+    ("int8 speedup", "int8_speedup", ".2f", "x", False),
+    ("int8 vs library fp32", "int8_library_speedup", ".2f", "x", False),
+]
 
 
 def num(row: dict[str, Any], key: str, fmt: str, suffix: str = "") -> str:
@@ -58,7 +65,7 @@ def _library(setting: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[str |
 
 def _columns(library: str | None, rows: list[dict[str, Any]]) -> tuple[list[Column], list[Column]]:
     """(leading, trailing) columns: trailing are the timings, the library model's and the ORT columns."""
-    trailing = _TIMED + ([(f"vs {library}", "library_speedup", ".2f", "x", False)] if library else []) + _ONNX
+    trailing = _TIMED + ([(f"vs {library}", "library_speedup", ".2f", "x", False)] if library else []) + _ONNX + _INT8
     shown = lambda column: column[4] or any(column[1] in r for r in rows)  # noqa: E731
     return [c for c in _LEADING if shown(c)], [c for c in trailing if shown(c)]
 
@@ -109,6 +116,8 @@ def _notes(result: dict[str, Any], setting: dict[str, Any], rows: list[dict[str,
         lines += ["", f"Speedup = the dense reference's latency over the pruned model's, both through the family's lean executor (like for like){versus}."]
     if setting.get("onnx"):
         lines += ["", f"ORT: {setting['onnx']}; ORT speedup = the dense graph's latency over the pruned graph's."]
+    if setting.get("int8"):
+        lines += ["", f"int8: {setting['int8']}; int8 speedup = the dense int8 graph's latency over the pruned int8 graph's."]
     if any(r.get("input") == "lengths" for r in rows):
         lines += ["", "`lengths` rows: padded batches whose lengths are sampled from the data set; seq = mean padded length, "
                   f"latency per batch over {setting.get('length_batches')} batches."]

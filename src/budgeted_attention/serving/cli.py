@@ -22,15 +22,17 @@ from budgeted_attention.serving.config import ServeConfig
 from budgeted_attention.serving.http import ENV_LIMITS, GUARDED_HTTP, HeadLimits
 
 
-def load_serve_config(path: str | None, overrides: list[str], backend: str | None = None) -> ServeConfig:
+def load_serve_config(path: str | None, overrides: list[str], backend: str | None = None, int8: bool = False) -> ServeConfig:
     """Server settings from an optional YAML file (keys at top level or under ``serve:``) and
-    ``key=value`` overrides; ``backend`` (the --backend flag) wins over both."""
+    ``key=value`` overrides; ``backend`` and ``int8`` (the --backend and --int8 flags) win over both."""
     data: dict[str, Any] = load_yaml(path) if path else {}
     if isinstance(data.get("serve"), dict) and len(data) == 1:
         data = data["serve"]
     data = apply_overrides(data, [o.removeprefix("serve.") for o in overrides])
     if backend:
         data["backend"] = backend
+    if int8:
+        data["int8"] = True
     return from_dict(ServeConfig, data, "serve")
 
 
@@ -113,14 +115,14 @@ def preflight(run_dir: str, cfg: ServeConfig, seed: int | None, onnx_dir: str | 
     if cfg.min_accuracy > 0:
         floor_budget(cfg, validation_accuracy(run.path, int(description.get("seed", seed or 0))))
     if cfg.backend == "onnxruntime":
-        check_graphs(Path(onnx_dir) if onnx_dir else run.onnx_dir, cfg.budgets, run_dir)
+        check_graphs(Path(onnx_dir) if onnx_dir else run.onnx_dir, cfg.budgets, run_dir, int8=cfg.int8)
 
 
 def serve(args: argparse.Namespace) -> None:
     """Start uvicorn with the app of ``args.run_dir``; returns when the server has shut down."""
     import uvicorn  # noqa: PLC0415 - the serve extra loads after the pre-start checks (their errors need none of it)
 
-    cfg = load_serve_config(args.config, args.overrides, args.backend)
+    cfg = load_serve_config(args.config, args.overrides, args.backend, getattr(args, "int8", False))
     api_key = api_key_from(args)
     check_port(args.host, args.port)
     preflight(args.run_dir, cfg, args.seed, args.onnx_dir)

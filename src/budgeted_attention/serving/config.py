@@ -25,7 +25,7 @@ INT_MINIMUMS = {
     "max_batch_size": 1, "max_texts": 1, "max_text_chars": 1, "max_queue": 1, "threads": 1, "warmup_batches": 0,
     "calibration_seq_len": 0, "max_body_bytes": 0, "max_headers": 1, "max_header_bytes": 256, "max_connections": 1, "max_restarts": 1,
 }
-BOOLS = ("shed_expired", "deadline_batching", "engine_process", "freeze_gc", "auth_probes", "expose_paths")
+BOOLS = ("int8", "shed_expired", "deadline_batching", "engine_process", "freeze_gc", "auth_probes", "expose_paths")
 
 
 @dataclass
@@ -37,6 +37,8 @@ class ServeConfig:
             ``onnxruntime`` (one exported graph per budget in ``budgets``; see ``baa export``).
         budgets: the operating points the SLO policy chooses among (and the graphs exported for
             the ONNX backend); a request's explicit budget is rounded down to one of them.
+        int8: with ``backend: onnxruntime``, serve the int8 graphs of ``baa export --int8``
+            (``budget-<b>.int8.onnx``) instead of the float ones.
         policy: what a request without ``budget`` or ``latency_ms`` gets: ``slo`` (the largest
             budget whose predicted completion meets ``target_p95_ms``) or ``fixed`` (``default_budget``).
         default_budget: the budget of the ``fixed`` policy.
@@ -119,6 +121,7 @@ class ServeConfig:
     """
 
     backend: str = "torch"
+    int8: bool = False
     budgets: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
     policy: str = "slo"
     default_budget: float = 1.0
@@ -169,6 +172,8 @@ class ServeConfig:
             check_int(getattr(self, key), f"serve.{key}", ge=least)
         for key in BOOLS:
             check_bool(getattr(self, key), f"serve.{key}")
+        if self.int8 and self.backend != "onnxruntime":
+            raise ConfigError(f"serve.int8 serves the int8 ONNX graphs of 'baa export --int8': it needs backend onnxruntime, got {self.backend!r}")
         if self.min_budget > self.budgets[-1]:
             raise ConfigError(f"serve.min_budget ({self.min_budget}) is above every budget in serve.budgets {self.budgets}")
         if self.max_queue < self.max_texts:

@@ -52,14 +52,16 @@ def check_classifier(checkpoint: Path, family: str) -> None:
         raise CheckpointError(f"'{checkpoint}' is a {family!r} model; baa serve classifies texts ({', '.join(families_with('classify'))} runs)")
 
 
-def check_graphs(onnx_dir: Path, budgets: list[float], run_dir: str | Path) -> None:
-    """ConfigError unless ``onnx_dir`` holds the ONNX graph of every budget (``baa export`` writes them)."""
+def check_graphs(onnx_dir: Path, budgets: list[float], run_dir: str | Path, *, int8: bool = False) -> None:
+    """ConfigError unless ``onnx_dir`` holds the ONNX graph (``int8``: the int8 graph) of every
+    budget (``baa export [--int8]`` writes them)."""
     from budgeted_attention.export.onnx import graph_path  # noqa: PLC0415 - onnx is optional
 
-    missing = [b for b in budgets if not graph_path(onnx_dir, b).is_file()]
+    missing = [b for b in budgets if not graph_path(onnx_dir, b, int8=int8).is_file()]
     if missing:
         listed = ",".join(f"{b:g}" for b in budgets)
-        raise ConfigError(f"no ONNX graph for budgets {missing} in '{onnx_dir}' (run 'baa export {run_dir} --budget {listed}' first)")
+        kind = "int8 ONNX graph" if int8 else "ONNX graph"
+        raise ConfigError(f"no {kind} for budgets {missing} in '{onnx_dir}' (run 'baa export {run_dir} --budget {listed}{' --int8' if int8 else ''}' first)")
 
 
 def run_labels(run_dir: Path, n_classes: int) -> list[str]:
@@ -254,7 +256,7 @@ class Engine(EngineInfo):
             self.runtime = "module tree" if lean is None else f"lean copy ({type(lean).__name__})"
         else:
             self._load_onnx(Path(onnx_dir) if onnx_dir else RunDir(self.folder()).onnx_dir)
-            self.runtime = "onnxruntime"
+            self.runtime = "onnxruntime int8" if cfg.int8 else "onnxruntime"
 
     # ------------------------------------------------------------------ loading
 
@@ -268,8 +270,8 @@ class Engine(EngineInfo):
     def _load_onnx(self, onnx_dir: Path) -> None:
         from budgeted_attention.export.onnx import graph_path, make_session  # noqa: PLC0415 - the onnxruntime backend only
 
-        check_graphs(onnx_dir, self.cfg.budgets, self.run_dir)
-        self.sessions = {b: make_session(graph_path(onnx_dir, b), self.cfg.threads) for b in self.cfg.budgets}
+        check_graphs(onnx_dir, self.cfg.budgets, self.run_dir, int8=self.cfg.int8)
+        self.sessions = {b: make_session(graph_path(onnx_dir, b, int8=self.cfg.int8), self.cfg.threads) for b in self.cfg.budgets}
 
     # ------------------------------------------------------------------ inference
 
