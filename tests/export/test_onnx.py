@@ -174,3 +174,22 @@ def test_bench_times_int8_graphs_against_dense_int8_and_the_float_reference(tiny
     assert rows and all(r["int8_latency_ms"] > 0 and r["int8_dense_latency_ms"] > 0 and r["int8_speedup"] > 0 for r in rows)
     assert "quantize_dynamic" in result["setting"]["int8"]
     assert "int8 speedup" in (tmp_path / "b.md").read_text()
+
+
+def test_int8_peers_benchmark_reports_every_system_on_the_test_split(tiny_run, tmp_path, monkeypatch):
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "int8_peers.py"
+    main_of = runpy.run_path(str(script), run_name="imported_by_the_tests")["main"]
+    out = tmp_path / "int8"
+    assert main_of([str(tiny_run), "--out", str(out), "--budgets", "0.5", "--batch-sizes", "1", "--rounds", "1", "--min-run-time", "0.005"]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {r["method"] for r in rows} == {"reference-fp32", "dense-onnx-fp32", "dense-int8", "budgeted-hard", "budgeted-hard-onnx-fp32",
+                                           "budgeted-hard-int8"}
+    quantized = next(r for r in rows if r["method"] == "budgeted-hard-int8")
+    assert 0.0 <= quantized["accuracy"] <= 1.0 and 0.0 <= quantized["agreement_with_float"] <= 1.0 and quantized["speedup_over_dense_int8"] > 0
+    float_graph = next(r for r in rows if r["method"] == "budgeted-hard-onnx-fp32")
+    torch_model = next(r for r in rows if r["method"] == "budgeted-hard")
+    assert float_graph["accuracy"] == torch_model["accuracy"]  # the float graph predicts what PyTorch predicts
+    assert (out / "accuracy_vs_latency.png").stat().st_size > 0 and (out / "run_info.json").is_file()

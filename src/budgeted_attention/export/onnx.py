@@ -21,6 +21,7 @@ agreement with the float graph instead of failing on them.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -134,13 +135,18 @@ def quantize_graph(float_path: str | Path, int8_path: str | Path, *, per_channel
     from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415 - onnxruntime is optional (the serve extra)
 
     int8_path = Path(int8_path)
+    root = logging.getLogger()
+    level = root.level
     with atomic_path(int8_path) as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the quantizer's advice to pre-process (we quantize the optimised trace as it is)
+        warnings.simplefilter("ignore")
+        root.setLevel(logging.ERROR)  # the quantizer logs its advice to pre-process on the root logger (we quantize the optimised trace as it is)
         try:
             quantize_dynamic(str(float_path), str(tmp), weight_type=QuantType.QInt8, per_channel=per_channel, op_types_to_quantize=["MatMul", "Gemm"])
         except Exception as exc:  # noqa: BLE001 - onnxruntime raises bare Exceptions, ValueErrors and protobuf errors: one line for all
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ExportError(f"cannot quantize '{float_path}' to int8: {reason}") from None
+        finally:
+            root.setLevel(level)
     return int8_path
 
 
