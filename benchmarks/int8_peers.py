@@ -156,7 +156,7 @@ def measure_seed(run: RunDir, seed: int, budgets: list[float], batch_sizes: list
         if name.endswith("|int8") and base is not None:
             row["agreement_with_float"] = agreement[base]
             row["speedup_over_dense_int8"] = latency[headline]["dense|int8"] / latency[headline][name]
-        model = kept.get(graph)
+        model = kept.get(name)  # the PyTorch rows: their FLOP-ideal is over the same runtime's dense model
         if model is not None:
             cost = hard.cost_model(seq_len)
             row["ideal_speedup"] = cost.ideal_speedup(model.heads_per_layer, model.active_ffn_widths())

@@ -11,7 +11,7 @@ from budgeted_attention.pipeline import config_from_dict
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"model_family": "gpt9"}, "model_family must be one of encoder, bert, decoder, hf-decoder, got 'gpt9'"),
+        ({"model_family": "gpt9"}, "model_family must be one of encoder, bert, decoder, hf-decoder, hf-decoder-classifier, got 'gpt9'"),
         ({"model_family": "bert", "methods": ["dense", "ladder"], "ladder": [{"d_model": 16}]}, "method 'ladder' needs model_family 'encoder' or 'decoder'"),
         ({"methods": ["dense", "budgetformer"], "budget_scope": "all"}, "model_family 'encoder' or 'bert' with budget_scope 'heads'"),
         ({"task": "lm", "model_family": "encoder"}, "task 'lm' needs model_family 'decoder'"),

@@ -234,7 +234,26 @@ def _decode_notes(run: dict[str, Any], table: dict[str, Any]) -> list[str]:
 
 
 _TABLES = {"sweep": _sweep, "bench": _bench, "ladder": _ladder, "serve": _serve, "decode": _decode}
-_NOTES = {"decode": _decode_notes}
+def _sweep_notes(run: dict[str, Any], table: dict[str, Any]) -> list[str]:
+    """For rows of quantized models (benchmarks/int8_peers.py): per (method, budget), the share of
+    test texts where the int8 graph predicts what its float graph predicts, and its speedup over
+    the dense int8 graph (mean over seeds, with the range)."""
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for row in run["rows"]:
+        if isinstance(row.get("agreement_with_float"), (int, float)):
+            groups.setdefault((display_method(row), float(row["budget"])), []).append(row)
+    lines = []
+    for (method, budget), rows in groups.items():
+        agree = [100 * r["agreement_with_float"] for r in rows]
+        over = [r["speedup_over_dense_int8"] for r in rows if isinstance(r.get("speedup_over_dense_int8"), (int, float))]
+        text = f"- {method} b = {budget:g}: int8 = float predictions on {statistics.fmean(agree):.2f}% of the test split (min {min(agree):.2f}%)"
+        if over:
+            text += f"; {statistics.fmean(over):.2f}x over dense int8 [{min(over):.2f}, {max(over):.2f}]"
+        lines.append(text)
+    return lines
+
+
+_NOTES = {"decode": _decode_notes, "sweep": _sweep_notes}
 
 
 # ------------------------------------------------------------------ the page
@@ -316,8 +335,9 @@ def build_studies(studies: list[dict[str, Any]], root: Path, out: Path, figures_
         if run["results"].get("partial"):
             lines.append(f"- **Partial run**: {run['results']['partial']}")
         lines += ["", *_markdown_table([*header, "target"], [[*r["cells"], _target_cell(r)] for r in rows])]
-        if table["kind"] in _NOTES:
-            lines += ["", *_NOTES[table["kind"]](run, table)]
+        notes = _NOTES[table["kind"]](run, table) if table["kind"] in _NOTES else []
+        if notes:
+            lines += ["", *notes]
         for row in _selected(study, rows) or rows[:1]:
             headline.append([name, study["question"], row["brief"], _target_cell(row)])
         if not rows:
