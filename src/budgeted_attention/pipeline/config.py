@@ -113,7 +113,7 @@ _LATER_KEYS = {
     ("model", "attention"): "softmax", ("model", "meta"): to_dict(MetaConfig()), ("model", "positions"): "learned",
     ("router",): to_dict(RouterConfig()), ("synthetic", "mixed_markers"): False,
     ("train", "bf16"): False, ("bench", "onnx"): False, ("bench", "device"): "cpu", ("bench", "compile"): False,
-    ("bench", "cuda_graphs"): False, ("train", "early_stop_budgeted"): False,
+    ("bench", "cuda_graphs"): False, ("train", "early_stop_budgeted"): False, ("bench", "int8"): False,
 }
 
 def config_digest(cfg: ExperimentConfig) -> str:
