@@ -423,7 +423,7 @@ def test_digest_of_configs_from_before_the_new_keys_is_unchanged(tmp_path):
     del old["synthetic"]["mixed_markers"]
     for key in ("budget_sampling", "sandwich_random", "device", "bf16", "early_stop_budgeted"):
         del old["train"][key]
-    for key in ("onnx", "device", "compile", "cuda_graphs"):
+    for key in ("onnx", "int8", "device", "compile", "cuda_graphs"):
         del old["bench"][key]
     for key in ("ffn_group_size", "ffn_group_ids", "qk_norm", "residual_gate", "attention", "meta", "positions"):
         del old["model"][key]
