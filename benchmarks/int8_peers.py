@@ -100,9 +100,9 @@ def measure_seed(run: RunDir, seed: int, budgets: list[float], batch_sizes: list
     hard, description = load_model(hard_path)
     ranking = load_ranking(hard_path, description, hard)
     dense, hard = dense.eval(), hard.eval()
-    tokenizer, pad_id = load_tokenizer(run.path, int(dense.max_len))
-    seq_len = min(seq_len, int(dense.max_len))  # a model of fewer positions is timed at its max_len (the rows say which)
     data = from_dict(TextDataConfig, load_yaml(run.config)["data"], "data")
+    tokenizer, pad_id = load_tokenizer(run.path, min(int(data.max_len), int(dense.max_len)))  # truncated as the run encoded its test split
+    seq_len = min(seq_len, int(dense.max_len))  # a model of fewer positions is timed at its max_len (the rows say which)
     _, _, test = split_examples(data, load_source(data))
     labels = torch.tensor([e.label for e in test])
     test_batches = _batches(tokenizer, pad_id, [e.text for e in test], EVAL_BATCH)

@@ -126,6 +126,10 @@ def test_int8_engine_serves_the_quantized_graphs_close_to_torch(tiny_run, tmp_pa
     assert main(["export", str(tiny_run), "--budget", "0.5,1", "--out", str(out), "--int8"]) == 0
     summary = json.loads((out / "export.json").read_text())
     assert all(g["int8"]["file"].endswith(".int8.onnx") for g in summary["graphs"])
+    float_out = tmp_path / "float_again"
+    assert main(["export", str(tiny_run), "--budget", "1", "--out", str(float_out), "--int8"]) == 0
+    assert main(["export", str(tiny_run), "--budget", "1", "--out", str(float_out)]) == 0
+    assert not graph_path(float_out, 1.0, int8=True).exists()  # a float re-export removes the stale int8 graph
     texts = ["shares fall as the market opens", "the team won", "a"]
     torch_engine = Engine(tiny_run, ServeConfig(budgets=[0.5, 1.0], min_budget=0.5))
     int8_engine = Engine(tiny_run, ServeConfig(budgets=[0.5, 1.0], min_budget=0.5, backend="onnxruntime", int8=True), onnx_dir=out)

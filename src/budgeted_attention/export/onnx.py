@@ -188,6 +188,9 @@ def export_budgets(
             "max_abs_difference": difference,
         }
         note = ""
+        stale = graph_path(out, budget, int8=True)
+        if not int8 and stale.exists():
+            stale.unlink()  # an int8 graph of an earlier export would otherwise be served beside the new float graph
         if int8:
             quantized = quantize_graph(path, graph_path(out, budget, int8=True), per_channel=per_channel)
             check = check_int8_graph(pruned, path, quantized)
