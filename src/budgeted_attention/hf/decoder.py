@@ -427,7 +427,8 @@ class GatedDecoderLM(GatedModel):
         budget: float | None = None,
         gates: torch.Tensor | UnitGates | None = None,
     ) -> torch.Tensor:
-        """(batch, seq, vocab) next-token logits (position t predicts token t + 1).
+        """(batch, seq, vocab) next-token logits (position t predicts token t + 1); a classifier
+        subclass returns what its :meth:`output` makes of the hidden states.
 
         Args:
             input_ids: (batch, seq) token ids; attention_mask: optional (batch, seq), 1 for real
@@ -435,7 +436,11 @@ class GatedDecoderLM(GatedModel):
             budget, gates: as for every family.
         """
         selections = self.layer_selections(input_ids, attention_mask, budget, gates)
-        return self.logits(self.hidden_states(input_ids, attention_mask, selections))
+        return self.output(self.hidden_states(input_ids, attention_mask, selections), attention_mask)
+
+    def output(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """The model's output from its (batch, seq, d) final-normed hidden states: next-token logits."""
+        return self.logits(hidden)
 
     # ------------------------------------------------------------------ family hooks
 
@@ -508,9 +513,14 @@ class GatedDecoderLM(GatedModel):
         return description
 
     @classmethod
+    def _description_args(cls, description: dict[str, Any]) -> tuple:
+        """Positional constructor arguments after the transformers model (a subclass's own)."""
+        return ()
+
+    @classmethod
     def from_description(cls, description: dict[str, Any]) -> GatedDecoderLM:
         model = cls(
-            causal_lm_from_config(description["hf_config"]), head_ids=description.get("head_ids"),
+            causal_lm_from_config(description["hf_config"]), *cls._description_args(description), head_ids=description.get("head_ids"),
             ffn_group_size=int(description.get("ffn_group_size", 0)), group_ids=description.get("group_ids"),
         )
         expected = description.get("kv_heads")

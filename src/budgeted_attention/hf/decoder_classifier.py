@@ -30,8 +30,8 @@ from torch import nn
 from budgeted_attention.errors import BAAError
 from budgeted_attention.hf.decoder import GatedDecoderLM, fresh_copy
 from budgeted_attention.hf.decoder_cache import DecoderLMRunner, KVCache
-from budgeted_attention.hf.decoder_layouts import causal_lm_from_config, check_tokenizer, load_causal_lm, load_tokenizer
-from budgeted_attention.model.gates import DENSE, UnitGates
+from budgeted_attention.hf.decoder_layouts import check_tokenizer, load_causal_lm, load_tokenizer
+from budgeted_attention.model.gates import DENSE
 
 
 def last_real_positions(attention_mask: torch.Tensor | None, batch: int, seq: int, device: torch.device) -> torch.Tensor:
@@ -91,28 +91,10 @@ class GatedDecoderClassifier(GatedDecoderLM):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         raise BAAError("the hf-decoder-classifier family has no next-token output layer: it classifies (call the model)")
 
-    def classify(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """(batch, seq, d) final-normed hidden states -> (batch, num_labels) logits of the last real token."""
+    def output(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """(batch, seq, d) final-normed hidden states -> (batch, num_labels) logits of the last real
+        token: what ``model(ids, mask, budget=...)`` returns."""
         return self.score(pool_last(hidden, attention_mask))
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        *,
-        budget: float | None = None,
-        gates: torch.Tensor | UnitGates | None = None,
-    ) -> torch.Tensor:
-        """(batch, num_labels) class logits.
-
-        Args:
-            input_ids: (batch, seq) token ids; attention_mask: optional (batch, seq), 1 for real
-                tokens (either side padded); token_type_ids: unused (no segments).
-            budget, gates: as for every family.
-        """
-        selections = self.layer_selections(input_ids, attention_mask, budget, gates)
-        return self.classify(self.hidden_states(input_ids, attention_mask, selections), attention_mask)
 
     def cost_model(self, seq_len: int):
         model = super().cost_model(seq_len)
@@ -133,17 +115,10 @@ class GatedDecoderClassifier(GatedDecoderLM):
         return {**super().describe(), "num_labels": self.num_labels}
 
     @classmethod
-    def from_description(cls, description: dict[str, Any]) -> GatedDecoderClassifier:
+    def _description_args(cls, description: dict[str, Any]) -> tuple:
         if int(description.get("num_labels", 0)) < 2:
             raise ValueError(f"num_labels must be >= 2, got {description.get('num_labels')!r}")
-        model = cls(
-            causal_lm_from_config(description["hf_config"]), int(description["num_labels"]), head_ids=description.get("head_ids"),
-            ffn_group_size=int(description.get("ffn_group_size", 0)), group_ids=description.get("group_ids"),
-        )
-        expected = description.get("kv_heads")
-        if expected is not None and list(expected) != model.kv_heads_per_layer():
-            raise ValueError(f"kv_heads {expected} do not follow from head_ids (they give {model.kv_heads_per_layer()})")
-        return model
+        return (int(description["num_labels"]),)
 
 
 class DecoderClassifierRunner(DecoderLMRunner):
@@ -154,7 +129,7 @@ class DecoderClassifierRunner(DecoderLMRunner):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """(batch, num_labels) logits, as the module tree's at its hard selection."""
         hidden = self.model.hidden_states(input_ids, attention_mask, [DENSE] * self.model.n_layers)
-        return self.model.classify(hidden, attention_mask)
+        return self.model.output(hidden, attention_mask)
 
     def step(self, input_ids: torch.Tensor, cache: KVCache, attention_mask: torch.Tensor | None = None, *, last_only: bool = False) -> torch.Tensor:
         raise BAAError("the hf-decoder-classifier family classifies; it does not generate")
