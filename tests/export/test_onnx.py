@@ -121,6 +121,35 @@ def test_a_graph_that_fails_to_quantize_is_one_line_and_leaves_nothing(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["budget-0.5.onnx"]  # no int8 file, no temporary file
 
 
+def test_an_export_that_fails_at_a_later_budget_leaves_the_folder_as_it_was(tiny_model, tmp_path, monkeypatch):
+    import budgeted_attention.export.onnx as onnx_export
+    from budgeted_attention.export.onnx import ExportError
+
+    ranking = Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(2))))
+    out = tmp_path / "onnx"
+    first = export_budgets(tiny_model, ranking, [1.0], out, log=lambda *_: None)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    calls, quantize = [], onnx_export.quantize_graph
+
+    def fails_the_second(float_path, int8_path, **kwargs):
+        calls.append(float_path)
+        if len(calls) == 2:
+            raise ExportError(f"cannot quantize '{float_path}' to int8: injected")
+        return quantize(float_path, int8_path, **kwargs)
+
+    monkeypatch.setattr(onnx_export, "quantize_graph", fails_the_second)
+    with pytest.raises(ExportError, match="injected"):
+        export_budgets(tiny_model, ranking, [0.5, 1.0], out, int8=True, log=lambda *_: None)
+    assert len(calls) == 2  # the first budget was exported and quantized before the failure
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no graph of the failed export, export.json as it was
+    assert json.loads((out / "export.json").read_text()) == json.loads(json.dumps(first))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["onnx"]  # no staging folder left beside it
+    calls.clear()
+    with pytest.raises(ExportError):
+        export_budgets(tiny_model, ranking, [0.5, 1.0], tmp_path / "fresh", int8=True, log=lambda *_: None)
+    assert not (tmp_path / "fresh").exists()
+
+
 def test_int8_engine_serves_the_quantized_graphs_close_to_torch(tiny_run, tmp_path, capsys):
     out = tmp_path / "graphs"
     assert main(["export", str(tiny_run), "--budget", "0.5,1", "--out", str(out), "--int8"]) == 0
@@ -134,6 +163,13 @@ def test_int8_engine_serves_the_quantized_graphs_close_to_torch(tiny_run, tmp_pa
     torch_engine = Engine(tiny_run, ServeConfig(budgets=[0.5, 1.0], min_budget=0.5))
     int8_engine = Engine(tiny_run, ServeConfig(budgets=[0.5, 1.0], min_budget=0.5, backend="onnxruntime", int8=True), onnx_dir=out)
     assert int8_engine.runtime == "onnxruntime int8" and int8_engine.describe()["runtime"] == "onnxruntime int8"
+    ids, mask = int8_engine.pad(int8_engine.tokenize(texts))
+    feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    for budget in (0.5, 1.0):  # the engine answers with the quantized graph, not the float one beside it
+        served = int8_engine.classify(texts, budget).probabilities
+        int8_logits, float_logits = (torch.from_numpy(make_session(graph_path(out, budget, int8=q)).run(None, feed)[0]) for q in (True, False))
+        assert torch.allclose(served, torch.softmax(int8_logits, -1), atol=1e-6)
+        assert not torch.allclose(served, torch.softmax(float_logits, -1), atol=1e-6)
     for budget in (0.5, 1.0):
         served = int8_engine.classify(texts, budget).probabilities
         assert served.shape == (3, torch_engine.n_classes) and torch.allclose(served.sum(-1), torch.ones(3))

@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import time
 
@@ -28,25 +29,49 @@ def wait_ready(client, seconds=60.0):
     raise AssertionError("server never became ready")
 
 
+BUDGETS = [0.25, 0.5, 1.0]
+# Every test on `client` runs on each backend: PyTorch, ONNX Runtime float and ONNX Runtime int8
+# (the graphs of `baa export [--int8]`), so the int8 server passes what the float ones pass.
+NEEDS_ORT = pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="the serve extra (onnxruntime) is not installed")
+BACKENDS = {
+    "torch": ({}, "lean copy (CompactEncoder)"),
+    "onnxruntime": ({"backend": "onnxruntime"}, "onnxruntime"),
+    "onnxruntime-int8": ({"backend": "onnxruntime", "int8": True}, "onnxruntime int8"),
+}
+
+
 @pytest.fixture(scope="module")
-def client(tiny_run):
-    app = create_app(tiny_run, ServeConfig(budgets=[0.25, 0.5, 1.0], **FAST))
+def graphs(tiny_run, tmp_path_factory):
+    """The run's float and int8 ONNX graphs of every budget, as `baa export --int8` writes them."""
+    from budgeted_attention.cli import main  # noqa: PLC0415
+
+    out = tmp_path_factory.mktemp("graphs")
+    assert main(["export", str(tiny_run), "--budget", ",".join(f"{b:g}" for b in BUDGETS), "--out", str(out), "--int8"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module", params=[name if name == "torch" else pytest.param(name, marks=NEEDS_ORT) for name in BACKENDS])
+def client(request, tiny_run):
+    options, _ = BACKENDS[request.param]
+    onnx_dir = request.getfixturevalue("graphs") if options else None
+    app = create_app(tiny_run, ServeConfig(budgets=BUDGETS, **options, **FAST), onnx_dir=onnx_dir)
     with TestClient(app) as c:
         wait_ready(c)
+        c.backend = request.param
         yield c
 
 
 def test_health_ready_and_info(client, tiny_run):
     assert client.get("/healthz").json() == {"status": "ok"}
     info = client.get("/v1/info").json()
-    assert info["budgets"] == [0.25, 0.5, 1.0]
-    assert info["runtime"] == "lean copy (CompactEncoder)"
+    assert info["budgets"] == BUDGETS
+    assert info["runtime"] == BACKENDS[client.backend][1]
     assert info["labels"] == json.loads((tiny_run / "labels.json").read_text())["class_names"]
     assert set(info["latency_model"]["table_ms"]) == {"0.25", "0.5", "1.0"}
     assert set(info["validation_accuracy"]) == {"0.25", "0.5", "1.0"}  # from results.json, never test
 
 
-def test_classify_at_a_budget_matches_the_pruned_model(client, tiny_run):
+def test_classify_at_a_budget_matches_the_pruned_model(client, tiny_run, request):
     import torch
 
     from budgeted_attention.checkpoint import load_model, load_ranking
@@ -65,6 +90,11 @@ def test_classify_at_a_budget_matches_the_pruned_model(client, tiny_run):
     ids, mask = engine.pad(engine.tokenize(texts))
     with torch.no_grad():
         expected = torch.softmax(pruned(ids, mask), dim=-1)
+    if client.backend == "onnxruntime-int8":  # the quantized graph's own answer (int8 rounding moves it from PyTorch's)
+        from budgeted_attention.export.onnx import graph_path, make_session  # noqa: PLC0415
+
+        session = make_session(graph_path(request.getfixturevalue("graphs"), 0.5, int8=True))
+        expected = torch.softmax(torch.from_numpy(session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]), dim=-1)
     assert torch.allclose(torch.tensor(body["probabilities"]), expected, atol=1e-5)
     assert body["labels"] == [engine.labels[i] for i in expected.argmax(-1).tolist()]
 

@@ -44,6 +44,22 @@ def test_the_child_answers_as_the_engine_in_this_process(engines):
     assert torch.equal(remote.classify(TEXTS, 1.0).probabilities, local.classify(TEXTS, 1.0).probabilities)
 
 
+def test_the_int8_onnx_backend_answers_from_the_child_as_in_this_process(tiny_run, tmp_path):
+    pytest.importorskip("onnxruntime", reason="the serve extra is not installed")
+    from budgeted_attention.cli import main  # noqa: PLC0415
+
+    assert main(["export", str(tiny_run), "--budget", "0.5,1", "--out", str(tmp_path / "onnx"), "--int8"]) == 0
+    cfg = ServeConfig(budgets=[0.5, 1.0], min_budget=0.5, backend="onnxruntime", int8=True, **FAST)
+    local, remote = Engine(tiny_run, cfg, onnx_dir=tmp_path / "onnx"), RemoteEngine(tiny_run, cfg, onnx_dir=tmp_path / "onnx")
+    try:
+        assert remote.describe()["runtime"] == local.runtime == "onnxruntime int8"
+        ids = remote.tokenize(TEXTS)
+        for budget in (0.5, 1.0):
+            assert torch.equal(remote.run(ids, budget), local.run(ids, budget))
+    finally:
+        remote.close()
+
+
 def test_a_failed_batch_is_reported_and_the_child_keeps_serving(engines):
     _, remote = engines
     with pytest.raises(EngineProcessError, match="failed a batch: IndexError"):

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -171,33 +173,53 @@ def export_budgets(
     int8: bool = False, per_channel: bool = False, log=print,
 ) -> dict[str, Any]:
     """One checked graph per budget in ``out_dir`` (and with ``int8`` its int8 quantization) plus
-    ``export.json`` describing them. Nothing is written for a family without ONNX export."""
+    ``export.json`` describing them. Nothing is written for a family without ONNX export.
+
+    All or nothing: the graphs are written and checked in a staging folder beside ``out_dir`` and
+    moved in only once every budget has passed, so a failure at the last budget (a graph that
+    does not reproduce PyTorch, one that cannot be quantized, an interrupt) leaves ``out_dir`` as
+    it was, with no graph of this export and no temporary file."""
     require(model.family, "onnx", "ONNX export" + (" (--int8)" if int8 else ""))
     out = Path(out_dir)
-    graphs = []
-    for budget in budgets:
-        pruned = prune_to_budget(model, ranking, budget).eval()
-        path = export_model(pruned, graph_path(out, budget))
-        difference = check_graph(pruned, path, atol=atol)
-        graph = {
-            "budget": budget,
-            "file": path.name,
-            "heads_per_layer": pruned.heads_per_layer,
-            "groups_per_layer": pruned.groups_per_layer or None,
-            "bytes": os.path.getsize(path),
-            "max_abs_difference": difference,
-        }
-        note = ""
-        stale = graph_path(out, budget, int8=True)
-        if not int8 and stale.exists():
-            stale.unlink()  # an int8 graph of an earlier export would otherwise be served beside the new float graph
-        if int8:
-            quantized = quantize_graph(path, graph_path(out, budget, int8=True), per_channel=per_channel)
-            check = check_int8_graph(pruned, path, quantized)
-            graph["int8"] = {"file": quantized.name, "bytes": os.path.getsize(quantized), "per_channel": per_channel, **check}
-            note = f"; int8 {quantized.name}: {os.path.getsize(quantized) / os.path.getsize(path):.0%} of the bytes, argmax agreement {check['argmax_agreement']:.0%} on random inputs"
-        graphs.append(graph)
-        log(f"budget {budget:g}: {path} (heads per layer {pruned.heads_per_layer}, max |ORT - torch| = {difference:.1e}{note})")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        graphs = [_export_one(model, ranking, budget, staging, out, atol=atol, int8=int8, per_channel=per_channel, log=log) for budget in budgets]
+        out.mkdir(exist_ok=True)
+        for budget in budgets:
+            os.replace(graph_path(staging, budget), graph_path(out, budget))
+            if int8:
+                os.replace(graph_path(staging, budget, int8=True), graph_path(out, budget, int8=True))
+            else:
+                graph_path(out, budget, int8=True).unlink(missing_ok=True)  # an int8 graph of an earlier export would be served beside the new float graph
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     summary = {"format": "onnx", "opset": OPSET, "inputs": list(INPUTS), "family": model.family, "int8": int8, "graphs": graphs}
     write_json_atomic(out / "export.json", summary)
     return summary
+
+
+def _export_one(
+    model: GatedModel, ranking: Ranking, budget: float, staging: Path, out: Path, *, atol: float, int8: bool, per_channel: bool, log,
+) -> dict[str, Any]:
+    """Export, check (and with ``int8`` quantize) the graph of one budget into ``staging``; the
+    description of it that ``export.json`` lists (file names as they will be in ``out``)."""
+    pruned = prune_to_budget(model, ranking, budget).eval()
+    path = export_model(pruned, graph_path(staging, budget))
+    difference = check_graph(pruned, path, atol=atol)
+    graph = {
+        "budget": budget,
+        "file": path.name,
+        "heads_per_layer": pruned.heads_per_layer,
+        "groups_per_layer": pruned.groups_per_layer or None,
+        "bytes": os.path.getsize(path),
+        "max_abs_difference": difference,
+    }
+    note = ""
+    if int8:
+        quantized = quantize_graph(path, graph_path(staging, budget, int8=True), per_channel=per_channel)
+        check = check_int8_graph(pruned, path, quantized)
+        graph["int8"] = {"file": quantized.name, "bytes": os.path.getsize(quantized), "per_channel": per_channel, **check}
+        note = f"; int8 {quantized.name}: {os.path.getsize(quantized) / os.path.getsize(path):.0%} of the bytes, argmax agreement {check['argmax_agreement']:.0%} on random inputs"
+    log(f"budget {budget:g}: {graph_path(out, budget)} (heads per layer {pruned.heads_per_layer}, max |ORT - torch| = {difference:.1e}{note})")
+    return graph
