@@ -9,7 +9,12 @@ For every seed of the run directory (``--seeds``), in one process, on the same i
 * ``dense-onnx-fp32`` and ``dense-onnx-int8``: the dense fine-tune exported to ONNX Runtime, float
   and dynamically quantized (the Optimum-style recipe);
 * ``budgeted-hard`` (PyTorch lean executor, float), ``budgeted-hard-onnx-fp32`` and
-  ``budgeted-hard-int8`` at each budget: the run's budgeted-hard model pruned to it.
+  ``budgeted-hard-int8`` at each budget: the run's budgeted-hard model pruned to it;
+* with ``--peers``, each peer run's dense fine-tune of a smaller pretrained model (e.g. the
+  bottom layers of the same checkpoint, benchmarks/truncate_pretrained.py) as ``smaller-fp32``
+  (its unmodified library model), ``smaller-onnx-fp32`` and ``smaller-int8``, its budget column
+  holding its forward FLOPs over the big model's: the accuracy-latency curve a user gets by
+  picking a smaller model instead of a budget. A peer must share the run's tokenizer and data.
 
 Accuracy is each model's own predictions on the run's test split (the int8 graph's, not the
 float model's), split exactly as the run split it; ``agreement`` is the share of test texts where
@@ -92,8 +97,18 @@ def _timed(call, batches):
     return run
 
 
+def _peer_model(peer: RunDir, seed: int, run: RunDir):
+    """The dense fine-tune of ``seed`` in the peer run; refused unless it shares the run's tokenizer."""
+    if peer.tokenizer.read_bytes() != run.tokenizer.read_bytes():
+        raise SystemExit(f"int8_peers: peer '{peer.path}' has another tokenizer than '{run.path}' (it must encode the same test split)")
+    if load_yaml(peer.config)["data"] != load_yaml(run.config)["data"]:
+        raise SystemExit(f"int8_peers: peer '{peer.path}' has another data section than '{run.path}'")
+    model, _ = load_model(peer.checkpoint_description(seed, "dense"))
+    return model.eval()
+
+
 def measure_seed(run: RunDir, seed: int, budgets: list[float], batch_sizes: list[int], seq_len: int, threads: int, rounds: int,
-                 min_run_time: float, folder: Path, log=print) -> tuple[list[dict], dict]:
+                 min_run_time: float, folder: Path, peers: list[RunDir] = (), log=print) -> tuple[list[dict], dict]:
     """The rows of one seed and its latency table ``{setting: {system: ms per batch}}``."""
     dense, _ = load_model(run.checkpoint_description(seed, "dense"))
     hard_path = run.checkpoint_description(seed, "budgeted-hard")
@@ -113,13 +128,22 @@ def measure_seed(run: RunDir, seed: int, budgets: list[float], batch_sizes: list
     graphs: dict[str, tuple[str, float, torch.nn.Module]] = {"dense": ("dense", 1.0, dense)}
     for b in budgets:
         graphs[f"budgeted-hard@{b:g}"] = ("budgeted-hard", b, prune_to_budget(copy.deepcopy(hard), ranking, b).eval())
+    peer_names: dict[str, str] = {}
+    for peer in peers:
+        small = _peer_model(peer, seed, run)
+        fraction = small.cost_model(seq_len).total_flops() / dense.cost_model(seq_len).total_flops()
+        key = f"smaller@{peer.path.name}"
+        graphs[key] = ("smaller", round(fraction, 4), small)
+        peer_names[key] = peer.path.name
+        small_library = next(iter(small.library_references().values()), None)
+        systems[key] = ("smaller-fp32", round(fraction, 4), _torch_runner(small_library.eval() if small_library is not None else small.inference_module()))
     agreement: dict[str, float] = {}
     kept: dict[str, torch.nn.Module] = {}
     for key, (method, b, model) in graphs.items():
         float_path = export_model(model, folder / f"seed{seed}-{key}.onnx")
         int8_path = quantize_graph(float_path, folder / f"seed{seed}-{key}.int8.onnx")
         float_call, int8_call = _onnx_runner(make_session(float_path, threads)), _onnx_runner(make_session(int8_path, threads))
-        if method != "dense":
+        if method == "budgeted-hard":
             systems[key] = (method, b, _torch_runner(model.inference_module()))
             kept[key] = model
         systems[f"{key}|onnx-fp32"] = (f"{method}-onnx-fp32", b, float_call)
@@ -156,6 +180,8 @@ def measure_seed(run: RunDir, seed: int, budgets: list[float], batch_sizes: list
         if name.endswith("|int8") and base is not None:
             row["agreement_with_float"] = agreement[base]
             row["speedup_over_dense_int8"] = latency[headline]["dense|int8"] / latency[headline][name]
+        if graph in peer_names:
+            row["variant"] = peer_names[graph]  # a point of the smaller-model curve (its budget column: its FLOP fraction)
         model = kept.get(name)  # the PyTorch rows: their FLOP-ideal is over the same runtime's dense model
         if model is not None:
             cost = hard.cost_model(seq_len)
@@ -166,30 +192,41 @@ def measure_seed(run: RunDir, seed: int, budgets: list[float], batch_sizes: list
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Test accuracy against latency at batch 1 (mean over seeds), one marker per system."""
+    """Test accuracy against latency at batch 1, one series per system (its own colour and marker),
+    mean over seeds with the seeds' standard deviation as error bars in both directions; the
+    legend sits outside the axes so it covers no point."""
+    import statistics  # noqa: PLC0415
+
     import matplotlib  # noqa: PLC0415 - plotting only here
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    groups: dict[str, list[tuple[float, float, float]]] = {}
+    def spread(values: list[float]) -> float:
+        return statistics.stdev(values) if len(values) > 1 else 0.0
+
+    groups: dict[str, list[tuple[float, float, float, float, float]]] = {}
     for method in dict.fromkeys(r["method"] for r in rows):
         for b in sorted({r["budget"] for r in rows if r["method"] == method}):
             members = [r for r in rows if r["method"] == method and r["budget"] == b]
-            groups.setdefault(method, []).append((sum(r["latency_ms"] for r in members) / len(members),
-                                                  100 * sum(r["accuracy"] for r in members) / len(members), b))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method, points in groups.items():
-        xs, ys, bs = zip(*points)
-        ax.plot(xs, ys, marker="o", label=method)
+            latencies, accuracies = [r["latency_ms"] for r in members], [100 * r["accuracy"] for r in members]
+            groups.setdefault(method, []).append((statistics.fmean(latencies), statistics.fmean(accuracies), spread(latencies), spread(accuracies), b))
+    colours = plt.get_cmap("tab10").colors
+    markers = "osD^vP*Xh<>"
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    for index, (method, points) in enumerate(groups.items()):
+        xs, ys, xerr, yerr, bs = zip(*points)
+        ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, marker=markers[index % len(markers)], color=colours[index % len(colours)],
+                    capsize=2, linewidth=1.2, markersize=6, label=method)
         if len(points) > 1:
-            for x, y, b in points:
-                ax.annotate(f"b={b:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            for x, y, *_, b in points:
+                ax.annotate(f"{b:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colours[index % len(colours)])
     ax.set_xscale("log")
     ax.set_xlabel(f"latency at batch 1, seq {rows[0]['bench_seq_len']} (ms, log scale)")
     ax.set_ylabel("test accuracy %")
+    ax.set_title("labels: budget (smaller-*: forward FLOPs over the full model's); bars: std over seeds", fontsize=8)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=120)
@@ -208,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--min-run-time", type=float, default=0.3)
+    parser.add_argument("--peers", default="", help="comma-separated run directories of smaller pretrained models' dense fine-tunes (same seeds, tokenizer and data)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -215,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     if not run.config.is_file():
         raise SystemExit(f"int8_peers: '{args.run_dir}' is not a run directory of 'baa experiment' (no {RunDir.config.name})")
     seeds = [int(s) for s in args.seeds.split(",") if s] or run.seeds()
+    peers = [RunDir(p) for p in args.peers.split(",") if p]
+    for peer in peers:
+        missing = [s for s in seeds if s not in peer.seeds()] if peer.config.is_file() else seeds
+        if missing:
+            raise SystemExit(f"int8_peers: peer '{peer.path}' has no dense fine-tune of seeds {missing}")
     budgets = [float(b) for b in args.budgets.split(",") if b]
     started = time.perf_counter()
     rows: list[dict] = []
@@ -222,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="baa-int8-") as folder:
         for seed in seeds:
             seed_rows, detail = measure_seed(run, seed, budgets, [int(b) for b in args.batch_sizes.split(",")], args.seq_len, args.threads,
-                                             args.rounds, args.min_run_time, Path(folder))
+                                             args.rounds, args.min_run_time, Path(folder), peers)
             rows += seed_rows
             details[str(seed)] = detail
     out = RunDir(args.out)

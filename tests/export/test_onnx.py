@@ -223,10 +223,13 @@ def test_int8_peers_benchmark_reports_every_system_on_the_test_split(tiny_run, t
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "int8_peers.py"
     main_of = runpy.run_path(str(script), run_name="imported_by_the_tests")["main"]
     out = tmp_path / "int8"
-    assert main_of([str(tiny_run), "--out", str(out), "--budgets", "0.5", "--batch-sizes", "1", "--rounds", "1", "--min-run-time", "0.005"]) == 0
+    assert main_of([str(tiny_run), "--out", str(out), "--budgets", "0.5", "--batch-sizes", "1", "--rounds", "1", "--min-run-time", "0.005",
+                    "--peers", str(tiny_run)]) == 0  # the run as its own "smaller model": same tokenizer and data
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert {r["method"] for r in rows} == {"reference-fp32", "dense-onnx-fp32", "dense-int8", "budgeted-hard", "budgeted-hard-onnx-fp32",
-                                           "budgeted-hard-int8"}
+                                           "budgeted-hard-int8", "smaller-fp32", "smaller-onnx-fp32", "smaller-int8"}
+    peer_int8, dense_int8 = (next(r for r in rows if r["method"] == m) for m in ("smaller-int8", "dense-int8"))
+    assert peer_int8["variant"] == tiny_run.name and peer_int8["budget"] == 1.0 and peer_int8["accuracy"] == dense_int8["accuracy"]
     quantized = next(r for r in rows if r["method"] == "budgeted-hard-int8")
     assert 0.0 <= quantized["accuracy"] <= 1.0 and 0.0 <= quantized["agreement_with_float"] <= 1.0 and quantized["speedup_over_dense_int8"] > 0
     float_graph = next(r for r in rows if r["method"] == "budgeted-hard-onnx-fp32")

@@ -227,3 +227,27 @@ def test_decode_study_table_marks_rows_below_the_flop_ideal_and_lists_the_checks
     prefill = next(line for line in text.splitlines() if line.startswith("| prefill | 0.50 "))
     assert "| 0.80 |" in prefill and prefill.endswith("| no target |")
     assert "- switch ms median: 0.05" in text and "- bit exact: true" in text
+
+
+def _int8_row(method: str, budget: float, latency_ms: float, accuracy: float, variant: str | None = None) -> dict:
+    row = {"method": method, "budget": budget, "seed": 0, "latency_ms": latency_ms, "accuracy": accuracy}
+    return {**row, "variant": variant} if variant else row
+
+
+def test_int8_curve_notes_tell_above_from_below_the_smaller_models_curve():
+    from budgeted_attention.reporting.studies import _int8_curve_notes
+
+    rows = [
+        _int8_row("dense-int8", 1.0, 10.0, 0.900),
+        _int8_row("smaller-int8", 0.5, 6.0, 0.880, "l3"),
+        _int8_row("smaller-int8", 0.33, 4.0, 0.800, "l2"),
+        _int8_row("budgeted-hard-int8", 0.25, 3.0, 0.870),  # faster than every smaller model and more accurate
+        _int8_row("budgeted-hard-int8", 0.5, 5.0, 0.820),  # the curve at 5 ms is 84 %: 2 points below it
+        _int8_row("budgeted-hard-int8", 0.75, 7.0, 0.870),  # l3 is faster and 1 point more accurate
+    ]
+    notes = {line.split(" (", 1)[0]: line for line in _int8_curve_notes(rows)}
+    assert "on or above the smaller models' int8 curve (faster than every smaller model)" in notes["- budgeted-hard-int8 b = 0.25"]
+    assert "3.33x faster than dense int8 at -3.00 points (LESS accurate" in notes["- budgeted-hard-int8 b = 0.25"]
+    assert "BELOW the smaller models' int8 curve: 84.00% interpolated between smaller-int8 (l2) and smaller-int8 (l3)" in notes["- budgeted-hard-int8 b = 0.5"]
+    assert "BELOW the smaller models' int8 curve: smaller-int8 (l3) is faster (6.00 ms vs 7.00) and +1.00 points" in notes["- budgeted-hard-int8 b = 0.75"]
+    assert _int8_curve_notes([_int8_row("dense", 1.0, 10.0, 0.9)]) == []

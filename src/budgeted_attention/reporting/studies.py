@@ -250,6 +250,56 @@ def _sweep_notes(run: dict[str, Any], table: dict[str, Any]) -> list[str]:
         if over:
             text += f"; {statistics.fmean(over):.2f}x over dense int8 [{min(over):.2f}, {max(over):.2f}]"
         lines.append(text)
+    return lines + _int8_curve_notes(run["rows"])
+
+
+EQUAL_ACCURACY_POINTS = 0.5  # "at equal accuracy": within this many points of test accuracy
+
+
+def _int8_curve_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """Each ``budgeted-hard-int8`` budget against the dense int8 graph (its accuracy within
+    ±0.5 points or not) and against the accuracy-latency curve of the smaller pretrained models'
+    int8 graphs (``smaller-int8`` rows): below the curve when a smaller model is at least as fast
+    and more than 0.5 points more accurate, or the curve, interpolated linearly between its two
+    neighbours in latency, is more than 0.5 points above it. Means over seeds, batch-1 latency."""
+    def mean_point(members: list[dict[str, Any]]) -> tuple[float, float]:
+        return statistics.fmean(r["latency_ms"] for r in members), 100 * statistics.fmean(r["accuracy"] for r in members)
+
+    def points(method: str) -> dict[tuple[str, float], tuple[float, float]]:
+        groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+        for r in rows:
+            if r.get("method") == method and isinstance(r.get("latency_ms"), (int, float)):
+                groups.setdefault((display_method(r), float(r["budget"])), []).append(r)
+        return {key: mean_point(members) for key, members in groups.items()}
+
+    ours, dense, curve = points("budgeted-hard-int8"), points("dense-int8"), sorted(points("smaller-int8").items(), key=lambda kv: kv[1][0])
+    if not ours or not (dense or curve):
+        return []
+    lines = []
+    tolerance = EQUAL_ACCURACY_POINTS
+    for (_, budget), (latency, accuracy) in sorted(ours.items(), key=lambda kv: kv[0][1]):
+        parts = []
+        if dense:
+            dense_latency, dense_accuracy = next(iter(dense.values()))
+            gap = accuracy - dense_accuracy
+            equal = "equal accuracy" if abs(gap) <= tolerance else ("more accurate" if gap > 0 else "LESS accurate")
+            parts.append(f"{dense_latency / latency:.2f}x faster than dense int8 at {gap:+.2f} points ({equal}, ±{tolerance:g})")
+        if curve:
+            better = [(name, lat, acc) for (name, _), (lat, acc) in curve if lat <= latency and acc > accuracy + tolerance]
+            below = None
+            if better:
+                name, lat, acc = max(better, key=lambda t: t[2])
+                below = f"BELOW the smaller models' int8 curve: {name} is faster ({lat:.2f} ms vs {latency:.2f}) and {acc - accuracy:+.2f} points more accurate"
+            else:
+                for (name_a, _), (lat_a, acc_a) in curve:
+                    for (name_b, _), (lat_b, acc_b) in curve:
+                        if lat_a < latency < lat_b:
+                            interpolated = acc_a + (acc_b - acc_a) * (latency - lat_a) / (lat_b - lat_a)
+                            if interpolated > accuracy + tolerance:
+                                below = f"BELOW the smaller models' int8 curve: {interpolated:.2f}% interpolated between {name_a} and {name_b} at its latency"
+            fastest = curve[0][1][0]
+            parts.append(below or ("on or above the smaller models' int8 curve" + (" (faster than every smaller model)" if latency < fastest else "")))
+        lines.append(f"- budgeted-hard-int8 b = {budget:g} ({accuracy:.2f}%, {latency:.2f} ms): " + "; ".join(parts))
     return lines
 
 
