@@ -164,7 +164,8 @@ def measure_seed(run: RunDir, seed: int, budgets: list[float], batch_sizes: list
         latency[label] = {name: value / len(batches) for name, value in ms.items()}
         log(f"seed {seed}, {label}: " + ", ".join(f"{n} {v:.2f} ms" for n, v in latency[label].items()))
 
-    headline = f"batch 1, seq {seq_len}" if 1 in batch_sizes else next(iter(latency))
+    headline_batch = 1 if 1 in batch_sizes else batch_sizes[0]  # the rows' latency and speedup: batch 1 unless it was not timed
+    headline = f"batch {headline_batch}, seq {seq_len}"
     rows = []
     for name, (method, b, _) in systems.items():
         graph = name.split("|")[0]
@@ -174,7 +175,7 @@ def measure_seed(run: RunDir, seed: int, budgets: list[float], batch_sizes: list
             "accuracy": float((predictions[name] == labels).float().mean()),
             "latency_ms": latency[headline][name], "dense_latency_ms": latency[headline]["reference-fp32"],
             "speedup": latency[headline]["reference-fp32"] / latency[headline][name],
-            "bench_input": "random", "bench_batch_size": 1, "bench_seq_len": seq_len, "threads": threads,
+            "bench_input": "random", "bench_batch_size": headline_batch, "bench_seq_len": seq_len, "threads": threads,
             "latencies_ms": {label: table[name] for label, table in latency.items()},
         }
         if name.endswith("|int8") and base is not None:
@@ -182,17 +183,17 @@ def measure_seed(run: RunDir, seed: int, budgets: list[float], batch_sizes: list
             row["speedup_over_dense_int8"] = latency[headline]["dense|int8"] / latency[headline][name]
         if graph in peer_names:
             row["variant"] = peer_names[graph]  # a point of the smaller-model curve (its budget column: its FLOP fraction)
-        model = kept.get(name)  # the PyTorch rows: their FLOP-ideal is over the same runtime's dense model
+        model = kept.get(name)
         if model is not None:
-            cost = hard.cost_model(seq_len)
-            row["ideal_speedup"] = cost.ideal_speedup(model.heads_per_layer, model.active_ffn_widths())
             row["heads_per_layer"] = model.heads_per_layer
+            if library is None:  # the FLOP-ideal only where the reference is the same runtime's dense model (the lean executor), not another library's
+                row["ideal_speedup"] = hard.cost_model(seq_len).ideal_speedup(model.heads_per_layer, model.active_ffn_widths())
         rows.append(row)
     return rows, {"reference": reference_name, "latency_ms": latency, "agreement_with_float": agreement}
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Test accuracy against latency at batch 1, one series per system (its own colour and marker),
+    """Test accuracy against latency at the rows' batch (1 unless not timed), one series per system (its own colour and marker),
     mean over seeds with the seeds' standard deviation as error bars in both directions; the
     legend sits outside the axes so it covers no point."""
     import statistics  # noqa: PLC0415
@@ -222,7 +223,7 @@ def plot(rows: list[dict], path: Path) -> None:
             for x, y, *_, b in points:
                 ax.annotate(f"{b:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colours[index % len(colours)])
     ax.set_xscale("log")
-    ax.set_xlabel(f"latency at batch 1, seq {rows[0]['bench_seq_len']} (ms, log scale)")
+    ax.set_xlabel(f"latency at batch {rows[0]['bench_batch_size']}, seq {rows[0]['bench_seq_len']} (ms, log scale)")
     ax.set_ylabel("test accuracy %")
     ax.set_title("labels: budget (smaller-*: forward FLOPs over the full model's); bars: std over seeds", fontsize=8)
     ax.grid(alpha=0.3)
