@@ -31,6 +31,28 @@ def _llama(pad_id: int = 0) -> transformers.LlamaForCausalLM:
     return transformers.LlamaForCausalLM(config).eval()
 
 
+def test_gemma3_logits_equal_transformers_gemma3_sequence_classification():
+    """Gemma 3's sliding windows (window 4 < 10 tokens), QK-norm, sandwich norms and scaled embeddings."""
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=8, intermediate_size=64,
+        max_position_embeddings=32, sliding_window=4, pad_token_id=0, layer_types=["sliding_attention", "full_attention"], attn_implementation="sdpa",
+    )
+    hf = transformers.Gemma3ForCausalLM(config).eval()
+    model = GatedDecoderClassifier(copy.deepcopy(hf), 3).eval()
+    labelled = copy.deepcopy(hf.config)
+    labelled.num_labels = 3
+    reference = transformers.Gemma3TextForSequenceClassification(labelled).eval()
+    weights = {k: v for k, v in hf.state_dict().items() if not k.startswith("lm_head")} | {"score.weight": model.score.weight.data}
+    missing, unexpected = reference.load_state_dict(weights, strict=False)
+    assert not missing and not unexpected
+    ids = torch.randint(1, 64, (3, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    ids[1, 6:], mask[1, 6:] = 0, 0
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, mask), reference(input_ids=ids, attention_mask=mask).logits, atol=1e-5, rtol=1e-5)
+
+
 def test_last_real_positions_either_padding_side():
     mask = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])
     assert last_real_positions(mask, 4, 5, torch.device("cpu")).tolist() == [2, 4, 4, 0]
