@@ -291,12 +291,11 @@ def _int8_curve_notes(rows: list[dict[str, Any]]) -> list[str]:
                 name, lat, acc = max(better, key=lambda t: t[2])
                 below = f"BELOW the smaller models' int8 curve: {name} is faster ({lat:.2f} ms vs {latency:.2f}) and {acc - accuracy:+.2f} points more accurate"
             else:
-                for (name_a, _), (lat_a, acc_a) in curve:
-                    for (name_b, _), (lat_b, acc_b) in curve:
-                        if lat_a < latency < lat_b:
-                            interpolated = acc_a + (acc_b - acc_a) * (latency - lat_a) / (lat_b - lat_a)
-                            if interpolated > accuracy + tolerance:
-                                below = f"BELOW the smaller models' int8 curve: {interpolated:.2f}% interpolated between {name_a} and {name_b} at its latency"
+                for ((name_a, _), (lat_a, acc_a)), ((name_b, _), (lat_b, acc_b)) in zip(curve, curve[1:]):  # neighbours in latency
+                    if lat_a < latency < lat_b:
+                        interpolated = acc_a + (acc_b - acc_a) * (latency - lat_a) / (lat_b - lat_a)
+                        if interpolated > accuracy + tolerance:
+                            below = f"BELOW the smaller models' int8 curve: {interpolated:.2f}% interpolated between {name_a} and {name_b} at its latency"
             fastest = curve[0][1][0]
             parts.append(below or ("on or above the smaller models' int8 curve" + (" (faster than every smaller model)" if latency < fastest else "")))
         lines.append(f"- budgeted-hard-int8 b = {budget:g} ({accuracy:.2f}%, {latency:.2f} ms): " + "; ".join(parts))
