@@ -104,3 +104,32 @@ def test_loss_curve_averages_equal_windows_of_steps():
     assert log.loss_curve(points=5) == [(2, 0.5), (4, 2.5), (6, 4.5), (8, 6.5), (10, 8.5)]
     assert log.loss_curve(points=3) == [(4, 1.5), (8, 5.5), (10, 8.5)]
     assert StageLog().loss_curve() == []
+
+
+def test_straight_through_forward_runs_the_hard_selection_and_trains_the_gates():
+    from budgeted_attention.training.stages import _straight_through
+
+    splits, model = _setup()
+    with torch.no_grad():
+        model.gates.bias.copy_(torch.tensor([[2.0, -1.0], [0.5, 1.0]]))
+    costs = model.unit_costs(splits.seq_len)
+    ids, mask = splits.train.input_ids[:8], splits.train.attention_mask[:8]
+    gates = model.unit_gates(0.5)
+    st = _straight_through(model, gates, 0.5, UnitGates(costs.heads), True)
+    hard = Ranking.from_scores(model.unit_importance()).masks(0.5)
+    assert torch.allclose(st.heads, hard.heads.to(st.heads))  # forward values: the 0/1 masks
+    assert torch.equal(hard.heads, torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    out = model(ids, mask, gates=st)
+    assert torch.allclose(out, model(ids, mask, gates=hard.map(lambda t: t.float())), atol=1e-6)
+    out.sum().backward()
+    assert model.gates.bias.grad is not None and model.gates.bias.grad.abs().sum() > 0
+
+
+def test_straight_through_budgeted_stage_runs_and_moves_gates():
+    splits, model = _setup()
+    costs = model.unit_costs(splits.seq_len)
+    before = model.gates.bias.clone()
+    tc = TrainConfig(budgeted_steps=5, batch_size=16, gate_forward="straight-through")
+    log = train_budgeted(model, splits.train, tc, costs, seed=0, teacher=copy.deepcopy(model), progress=False)
+    assert log.steps_run == 5 and all(torch.isfinite(torch.tensor(log.losses)))
+    assert not torch.equal(before, model.gates.bias)

@@ -38,6 +38,7 @@ from budgeted_attention.training.config import TrainConfig
         ("dense_steps", -1),
         ("recovery_steps", -5),
         ("batch_size", True),
+        ("gate_forward", "hard"),
     ],
 )
 def test_bad_value_is_named(key, value):
@@ -50,6 +51,11 @@ def test_bad_value_is_named(key, value):
 def test_budget_min_above_max():
     with pytest.raises(ConfigError, match="budget_min"):
         TrainConfig(budget_min=0.8, budget_max=0.5)
+
+
+def test_straight_through_needs_single_budget_sampling():
+    with pytest.raises(ConfigError, match="gate_forward.*sandwich"):
+        TrainConfig(gate_forward="straight-through", budget_sampling="sandwich")
 
 
 def test_edge_values_are_accepted():

@@ -114,6 +114,7 @@ _LATER_KEYS = {
     ("router",): to_dict(RouterConfig()), ("synthetic", "mixed_markers"): False,
     ("train", "bf16"): False, ("bench", "onnx"): False, ("bench", "device"): "cpu", ("bench", "compile"): False,
     ("bench", "cuda_graphs"): False, ("train", "early_stop_budgeted"): False, ("bench", "int8"): False,
+    ("train", "gate_forward"): "soft",
 }
 
 def config_digest(cfg: ExperimentConfig) -> str:

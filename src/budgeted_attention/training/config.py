@@ -29,6 +29,15 @@ class TrainConfig:
     Budgeted loss: CE + overshoot_weight * relu(C(b) - b + overshoot_margin)
                    + gate_mass_weight * C(b)
                    + polarization_weight * mean(g (1 - g)) + distill_weight * KL(teacher || student).
+    Gate forward (``gate_forward``): ``soft`` (default, the paper) runs the soft gates g(b).
+    ``straight-through`` runs the hard selection of the sampled budget (the units the hard stage
+    would keep: ranked by the area under their gate curves, cut at b) and passes the gradient to
+    g(b) unchanged (straight-through estimator); the budget term becomes the two-sided
+    overshoot_weight * (C(b) - b)^2, which only anchors the gates' level, since the forward meets
+    the budget by construction. For families whose branch outputs are normalised before the
+    residual add (Gemma 3's sandwich norms), scaling every unit of a layer by one gate changes
+    nothing, so soft gates can meet the budget by shrinking together and never rank the units;
+    the straight-through forward makes every step pay for the units it drops.
 
     Valid values (checked on construction, ``ConfigError`` naming ``train.<key>``): batch sizes
     >= 1; step counts >= 0; learning rates and ``distill_temperature`` finite > 0; ``weight_decay``,
@@ -62,6 +71,7 @@ class TrainConfig:
     distill_weight: float = 0.5
     distill_temperature: float = 2.0
     budget_sampling: str = "single"
+    gate_forward: str = "soft"
     sandwich_random: int = 2
     device: str = "auto"
     bf16: bool = False
@@ -94,6 +104,10 @@ class TrainConfig:
             raise ConfigError(f"train.bf16 must be true or false, got {self.bf16!r}")
         if self.budget_sampling not in ("single", "sandwich"):
             raise ConfigError(f"train.budget_sampling must be 'single' or 'sandwich', got {self.budget_sampling!r}")
+        if self.gate_forward not in ("soft", "straight-through"):
+            raise ConfigError(f"train.gate_forward must be 'soft' or 'straight-through', got {self.gate_forward!r}")
+        if self.gate_forward == "straight-through" and self.budget_sampling != "single":
+            raise ConfigError("train.gate_forward 'straight-through' needs train.budget_sampling 'single', got 'sandwich'")
         if self.budget_min > self.budget_max:
             raise ConfigError(
                 f"train.budget_min/budget_max must satisfy 0 < min <= max <= 1, "

@@ -309,23 +309,49 @@ def _soft_gates(m: nn.Module, budget: float, costs: UnitGates) -> UnitGates:
     return m.unit_gates(budget) if costs.ffn is not None else UnitGates(m.gates(budget))
 
 
+def _straight_through(m: nn.Module, gates: UnitGates, budget: float, costs: UnitGates, min_one_per_layer: bool) -> UnitGates:
+    """The hard 0/1 masks of ``budget`` in the forward pass, the gradient of ``gates`` (g(b)) in the
+    backward pass: mask + g - sg(g).
+
+    The kept units are the hard stage's: ranked by the area under each gate curve
+    (:meth:`unit_importance`), cut where the FLOPs reach b, so training sees the sub-models the
+    pruned checkpoints will be. Shapes as ``gates`` (full grids)."""
+    importance = m.unit_importance()
+    if costs.ffn is None:
+        importance = UnitGates(importance.heads)
+    masks = Ranking.from_scores(importance, costs, min_one_per_layer).masks(budget)
+    return UnitGates(
+        *[mask.to(g) + g - g.detach() for mask, g in zip(masks.parts(), gates.parts())]
+    )
+
+
 def budgeted_loss(
     model: nn.Module,
     unit_costs: UnitGates,
     cfg: TrainConfig,
     teacher: nn.Module | None,
     task: Task = CLASSIFY,
+    min_one_per_layer: bool = True,
 ) -> LossFn:
     """The budgeted objective (see :class:`TrainConfig`), one budget per step or the sandwich rule.
 
     ``unit_costs``: FLOPs per gated unit (heads, and FFN groups when they are under the budget).
     """
 
+    straight_through = cfg.gate_forward == "straight-through"
+
     def single(m, ids, mask, labels, rng):
         budget = sample_budget(cfg, rng)
         gates = _soft_gates(m, budget, unit_costs)
-        logits = m(ids, mask, gates=gates)
-        penalty, cost = _cost_terms(gates, unit_costs, budget, cfg)
+        if straight_through:
+            logits = m(ids, mask, gates=_straight_through(m, gates, budget, unit_costs, min_one_per_layer))
+            cost = estimated_cost(gates, unit_costs)
+            # Two-sided and smooth: the forward already meets b, the term only keeps the gates'
+            # level near g = b (away from sigmoid saturation, where the area ranking would tie).
+            penalty = cfg.overshoot_weight * (cost - budget) ** 2
+        else:
+            logits = m(ids, mask, gates=gates)
+            penalty, cost = _cost_terms(gates, unit_costs, budget, cfg)
         loss = task.loss(logits, ids, mask, labels) + penalty
         if teacher is not None and cfg.distill_weight > 0:
             with torch.no_grad():
@@ -377,13 +403,15 @@ def train_budgeted(
     task: Task = CLASSIFY,
     val: Split | None = None,
     val_budgets: Sequence[float] = (),
+    min_one_per_layer: bool = True,
 ) -> StageLog:
     """Stage 2: budgeted training with soft gates (``teacher``: the frozen dense model, optional;
     the sandwich rule distils from the model's own full output instead).
 
     ``unit_costs``: FLOPs per gated unit (:meth:`GatedModel.unit_costs`: heads, and FFN groups when gated).
     With ``cfg.early_stop_budgeted``: early-stopped on the mean validation score of the soft
-    gates at ``val_budgets`` (best weights and gates kept).
+    gates at ``val_budgets`` (best weights and gates kept). ``min_one_per_layer``: the ranking
+    rule of the straight-through forward (``cfg.gate_forward``), the run's.
     """
     if teacher is not None:
         teacher = copy.deepcopy(teacher).eval().to(distributed.current().device)
@@ -391,7 +419,7 @@ def train_budgeted(
             param.requires_grad_(False)
     device = distributed.current().device  # the costs meet the gates on the training device
     unit_costs = unit_costs.map(lambda t: t.to(device))
-    loss_fn = budgeted_loss(model, unit_costs, cfg, teacher, task)
+    loss_fn = budgeted_loss(model, unit_costs, cfg, teacher, task, min_one_per_layer)
     n_steps = cfg.budgeted_steps if steps is None else steps
     evaluate, eval_every = _stage_validation(cfg, task, val, val_budgets, lambda b: {"budget": b})
     return run_steps(

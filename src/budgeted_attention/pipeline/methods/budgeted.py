@@ -33,7 +33,7 @@ class Budgeted(Method):
         teacher = None if train_cfg.budget_sampling == "sandwich" else dense  # the sandwich distils in place
         log = train_budgeted(
             model, ctx.splits.train, train_cfg, ctx.unit_costs(model), seed=unit.seed, teacher=teacher, desc=unit.name,
-            progress=ctx.progress, task=ctx.task, val=ctx.splits.val, val_budgets=ctx.cfg.budgets,
+            progress=ctx.progress, task=ctx.task, val=ctx.splits.val, val_budgets=ctx.cfg.budgets, min_one_per_layer=ctx.cfg.min_one_per_layer,
         )
         steps = dense_steps + log.steps
         ctx.save(unit, model, steps)
@@ -51,6 +51,6 @@ class Scratch(Method):
         scratch_cfg = dataclasses.replace(ctx.cfg.train, budget_sampling="single")
         log = train_budgeted(
             model, ctx.splits.train, scratch_cfg, ctx.unit_costs(model), seed=unit.seed, steps=steps, desc="scratch", progress=ctx.progress,
-            task=ctx.task, val=ctx.splits.val, val_budgets=ctx.cfg.budgets,
+            task=ctx.task, val=ctx.splits.val, val_budgets=ctx.cfg.budgets, min_one_per_layer=ctx.cfg.min_one_per_layer,
         )
         return {"rows": soft_rows(ctx, "budgeted-scratch", model, unit.seed, log.steps, ctx.cfg.budgets), **stopping(log)}

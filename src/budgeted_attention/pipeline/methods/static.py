@@ -40,7 +40,7 @@ class Static(Method):
         fixed = dataclasses.replace(ctx.cfg.train, budget_min=budget, budget_max=budget, full_budget_prob=0.0, budget_sampling="single")
         log = train_budgeted(
             model, ctx.splits.train, fixed, ctx.unit_costs(model), seed=seed, teacher=dense, desc=f"static b={budget}", progress=ctx.progress,
-            task=ctx.task, val=ctx.splits.val, val_budgets=[budget],
+            task=ctx.task, val=ctx.splits.val, val_budgets=[budget], min_one_per_layer=ctx.cfg.min_one_per_layer,
         )
         soft_steps = dense_steps + log.steps
         rows = soft_rows(ctx, "static-soft", model, seed, soft_steps, [budget])
