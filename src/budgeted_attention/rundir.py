@@ -21,7 +21,9 @@ Every path into one goes through :class:`RunDir`::
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -90,6 +92,12 @@ class RunDir:
     lock = Artifact(LOCK_NAME, "The writer's advisory lock (:mod:`budgeted_attention.runlock`).")
     # Written once per run from the data: identical in runs of one config (merge copies them once).
     DATA_FILES = (tokenizer.name, labels.name, lengths.name)
+    # What a run measured, without weights, graphs, tokenizer or data: what a study archive keeps
+    # (see :meth:`record_files`), a few hundred kB where the checkpoints are hundreds of MB.
+    RECORDS = (
+        config.name, config_digest.name, run_info.name, labels.name, summary.name, results_json.name,
+        routing_bench_json.name, routed_json.name, serve_load.name, serve_soak.name, decode_bench.name,
+    )
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -110,6 +118,33 @@ class RunDir:
     def figures(self) -> list[Path]:
         """Every figure (``*.png``) at the top of the run directory, sorted."""
         return sorted(self.path.glob("*.png"))
+
+    def record_files(self) -> list[Path]:
+        """The files that record what the run measured and how (:attr:`RECORDS`, every
+        ``bench*.json``, figure and finished-unit record), those that exist, sorted."""
+        named = [self.path / name for name in self.RECORDS]
+        return sorted(p for p in [*named, *self.benches(), *self.figures(), *self.unit_records()] if p.is_file())
+
+    def archive(self, target: str | Path) -> RunDir:
+        """Copy :meth:`record_files` to the folder ``target`` (same relative paths) and return it
+        as a run directory: the report reads it as it reads this one, on any machine.
+
+        Atomic: the copy is made beside ``target`` and renamed over it, so ``target`` is either
+        the old archive or the new one, never a mix."""
+        target = Path(target)
+        staging = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        for path in self.record_files():
+            destination = staging / path.relative_to(self.path)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, destination)
+        staging.mkdir(parents=True, exist_ok=True)
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        if target.exists():
+            target.rename(old)
+        staging.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+        return RunDir(target)
 
     # ------------------------------------------------------------------ per seed
 

@@ -9,6 +9,13 @@ the question: ``kind`` sweep, bench, ladder, serve or decode, with the rows it k
 machine; the parts of a merged run directory count too). Every row of a table is shown alike, none bolded; a row that misses the study's target
 says so. A study whose run directory is missing here is one line, never numbers. The machine is
 read from each run's ``run_info.json``.
+
+Run directories do not outlive the machine they ran on, so with a top-level ``archive: FOLDER``
+the report first copies the record files of every study run directory it finds here
+(:meth:`RunDir.archive`: results, configs, run info, benchmarks, unit records, figures; no weights)
+to ``FOLDER/<run dir without its leading runs/>``, and then reads every study from the archive:
+the page is a function of committed files, and a study measured on an earlier machine keeps its
+table (with that machine named) until its commands run again.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from budgeted_attention.io import write_text_atomic
 from budgeted_attention.reporting.ladder import ladder_comparison
 from budgeted_attention.reporting.report import ReportError, _copy_figure, _relative_link, load_run, render_command
 from budgeted_attention.reporting.results import aggregate, display_method, metric_of
+from budgeted_attention.rundir import RunDir
 
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 KINDS = ("sweep", "bench", "ladder", "serve", "decode")
@@ -65,6 +73,44 @@ def load_studies(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     if sum(len(s.get("headline") or [None]) for s in studies) > MAX_HEADLINE:
         raise ReportError(f"'{path}': README's headline has at most {MAX_HEADLINE} rows (one per selector, one per study without)")
     return studies
+
+
+def archive_folder(path: str | os.PathLike[str]) -> Path | None:
+    """The folder named by the studies file's top-level ``archive:`` key (relative to the file), or None."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ReportError(f"cannot read studies file '{path}': {str(exc).splitlines()[0]}") from None
+    folder = data.get("archive") if isinstance(data, dict) else None
+    if folder is None:
+        return None
+    if not isinstance(folder, str) or not folder.strip() or Path(folder).is_absolute() or ".." in Path(folder).parts:
+        raise ReportError(f"'{path}': 'archive' is a folder relative to the studies file, got {folder!r}")
+    return Path(path).parent / folder
+
+
+def archived(archive: Path, run_dir: str) -> Path:
+    """Where ``archive`` keeps the records of the run directory ``run_dir`` (``runs/x`` -> ``ARCHIVE/x``)."""
+    parts = Path(run_dir).parts
+    return archive.joinpath(*(parts[1:] if len(parts) > 1 and parts[0] == "runs" else parts))
+
+
+def study_dirs(study: dict[str, Any], root: Path) -> list[str]:
+    """Every run directory a study reads: its commands' ``--out``, ``table.run``, ``replicas`` and
+    the parts a ``baa merge`` made its table's run from (as found under ``root``), once each."""
+    primary = study["table"].get("run", run_dirs(study)[0])
+    return list(dict.fromkeys([*run_dirs(study), primary, *(study.get("replicas") or []), *_parts(root / primary)]))
+
+
+def refresh_archive(studies: list[dict[str, Any]], root: Path, archive: Path) -> list[Path]:
+    """Archive every study run directory found under ``root`` that holds results (the newer
+    measurement replaces the archived one); the archives written, in order."""
+    written = []
+    for study in studies:
+        for run_dir in study_dirs(study, root):
+            if (root / run_dir / RunDir.results_json.name).is_file():
+                written.append(RunDir(root / run_dir).archive(archived(archive, run_dir)).path)
+    return written
 
 
 def run_dirs(study: dict[str, Any]) -> list[str]:
@@ -354,14 +400,26 @@ def _selected(study: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[st
     return picked
 
 
-def build_studies(studies: list[dict[str, Any]], root: Path, out: Path, figures_dir: Path, command: str) -> tuple[str, list[list[str]], list[tuple[Path, Path]]]:
-    """(the page, README's headline rows, the figures to copy as (source, target) pairs)."""
+def build_studies(
+    studies: list[dict[str, Any]], root: Path, out: Path, figures_dir: Path, command: str, archive: Path | None = None
+) -> tuple[str, list[list[str]], list[tuple[Path, Path]]]:
+    """(the page, README's headline rows, the figures to copy as (source, target) pairs).
+
+    With ``archive``, every run directory is read from its archived copy (:func:`archived`)."""
+
+    def where(run_dir: str) -> Path:
+        return root / run_dir if archive is None else archived(archive, run_dir)
+
+    def shown(run_dir: str) -> str:
+        return run_dir if archive is None else os.path.relpath(where(run_dir), root)
+
     lines = [
         "# Results", "",
         f"Generated by `{command}` from the run directories of [`studies.yaml`]({_relative_link(root / 'studies.yaml', out)}); do not edit by hand.",
         "Each study: its question, the commands that make its run directories (`make study-NAME` runs them; they resume), "
         "the seeds and machine the run directories record, and the table that answers the question. Every row is shown alike; "
-        "a row that misses the study's target says `FAILS`. A study not run on this machine is one line.",
+        "a row that misses the study's target says `FAILS`. A study with no run directory here"
+        + (" nor in the archive (the record files of every run directory the report found, kept in git) is one line." if archive is not None else " is one line."),
         f"The historical per-run research log is [lab/results-log.md]({_relative_link(root / 'docs' / 'lab' / 'results-log.md', out)}) (not maintained).",
     ]
     headline, copies, replicated = [], [], []
@@ -369,8 +427,8 @@ def build_studies(studies: list[dict[str, Any]], root: Path, out: Path, figures_
         name, table = study["name"], study["table"]
         lines += ["", f"## {name}", "", f"**Question.** {' '.join(str(study['question']).split())}", ""]
         primary = table.get("run", run_dirs(study)[0])
-        dirs = [*run_dirs(study), *(study.get("replicas") or []), *_parts(root / primary)]
-        measured = {d: _measure(root / d, study) for d in dict.fromkeys(dirs)}
+        dirs = [*run_dirs(study), *(study.get("replicas") or []), *_parts(where(primary))]
+        measured = {d: _measure(where(d), study) for d in dict.fromkeys(dirs)}
         if measured.get(primary) is None:
             lines.append(f"not run here: `make study-{name}`")
             headline.append([name, study["question"], f"not run here: `make study-{name}`", ""])
@@ -380,7 +438,7 @@ def build_studies(studies: list[dict[str, Any]], root: Path, out: Path, figures_
         lines += ["Commands:", "", "```", *study["commands"], "```", "",
                   f"- Config: `{study['config']}`; seeds: {', '.join(map(str, seeds)) or 'none recorded'}"
                   + ("" if list(seeds) == list(study["seeds"]) else f" (studies.yaml says {', '.join(map(str, study['seeds']))})"),
-                  f"- Machine: {_machine(run)} (from `{primary}/run_info.json`)"]
+                  f"- Machine: {_machine(run)} (from `{shown(primary)}/run_info.json`)"]
         if run["results"].get("partial"):
             lines.append(f"- **Partial run**: {run['results']['partial']}")
         lines += ["", *_markdown_table([*header, "target"], [[*r["cells"], _target_cell(r)] for r in rows])]
@@ -391,18 +449,18 @@ def build_studies(studies: list[dict[str, Any]], root: Path, out: Path, figures_
             headline.append([name, study["question"], row["brief"], _target_cell(row)])
         if not rows:
             headline.append([name, study["question"], f"no rows in `{primary}`", ""])
-        figure = root / primary / str(study.get("figure", ""))
+        figure = where(primary) / str(study.get("figure", ""))
         if study.get("figure") and figure.is_file():
             copies.append((figure, figures_dir / f"{name}_{figure.name}"))
             spread = " Points: mean over seeds; error bars: ± one std over seeds." if figure.name.startswith("accuracy_vs_") else ""
-            lines += ["", f"![{name}: {figure.stem}]({_relative_link(copies[-1][1], out)})", "", f"Figure: `{figure.name}` of `{primary}`.{spread}"]
+            lines += ["", f"![{name}: {figure.stem}]({_relative_link(copies[-1][1], out)})", "", f"Figure: `{figure.name}` of `{shown(primary)}`.{spread}"]
         elif study.get("figure"):
-            lines += ["", f"Figure `{study['figure']}`: not in `{primary}`."]
+            lines += ["", f"Figure `{study['figure']}`: not in `{shown(primary)}`."]
         found = [(d, m) for d, m in measured.items() if m is not None]
         if len(found) > 1:
             wanted = {tuple(sorted(r["key"].items())) for r in _selected(study, rows) or rows}
             for d, (other, _, other_rows) in found:
-                replicated += [[name, _label(r), r["brief"], f"`{d}`", _machine(other), _target_cell(r)]
+                replicated += [[name, _label(r), r["brief"], f"`{shown(d)}`", _machine(other), _target_cell(r)]
                                for r in other_rows if tuple(sorted(r["key"].items())) in wanted]
     if replicated:
         lines += ["", "## Replication", "",
@@ -441,10 +499,12 @@ def write_studies_report(
     and, with ``readme``, its headline table between the markers; run directories are relative
     to the studies file's folder. Figures of these studies left from an earlier page are removed."""
     studies_file, out = Path(studies_file), Path(out)
-    studies = load_studies(studies_file)
+    studies, archive = load_studies(studies_file), archive_folder(studies_file)
     figures = Path(figures_dir) if figures_dir is not None else out.parent / "figures"
     shown = render_command(command if command is not None else ["baa", "report", "--studies", str(studies_file), "--out", str(out)])
-    text, headline, copies = build_studies(studies, studies_file.parent, out, figures, shown)
+    if archive is not None:
+        refresh_archive(studies, studies_file.parent, archive)
+    text, headline, copies = build_studies(studies, studies_file.parent, out, figures, shown, archive)
     # README's new text before anything is written: missing markers fail the whole command.
     readme_text = None if readme is None else between_markers(Path(readme), _headline_block(headline, _relative_link(out, Path(readme))))
     if copies:
