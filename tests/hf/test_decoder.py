@@ -493,3 +493,28 @@ def test_the_training_stages_run_unchanged_with_the_lm_task():
     assert all(torch.isfinite(torch.tensor(log.losses)).all() for log in (dense, budgeted, hard))
     after = LANGUAGE_MODEL.evaluate(model, split, 8)
     assert after["loss"] < before and after["perplexity"] > 1.0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_whole_layer_leaves_under_the_budget_and_caches_nothing(layout):
+    """Layers as units (``min_one_per_layer: false``): a layer whose heads and FFN groups all rank
+    last leaves whole; the pruned model and its lean executor equal the masked module tree, the
+    layer keeps no K/V cache, and cached decoding still equals the full forward pass."""
+    model = tiny_model(layout)
+    scores = model.unit_importance()
+    scores = UnitGates(scores.heads - 100 * (torch.arange(3) == 1)[:, None], scores.ffn - 100 * (torch.arange(3) == 1)[:, None])
+    ranking = Ranking.from_scores(scores, model.unit_costs(SEQ), min_one_per_layer=False)
+    kept = ranking.kept(0.6)
+    assert kept.heads[1] == [] and kept.groups[1] == [] and all(kept.heads[i] for i in (0, 2))
+    pruned = prune_to_budget(copy.deepcopy(model), ranking, 0.6)
+    ids, mask = ids_and_mask()
+    real = mask.bool()
+    runner = pruned.inference_module()
+    with torch.no_grad():
+        masked = model(ids, mask, gates=ranking.masks(0.6))
+        torch.testing.assert_close(pruned(ids, mask)[real], masked[real], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(runner(ids, mask)[real], masked[real], atol=1e-5, rtol=1e-5)
+        cache = runner.new_cache()
+        pieces = [runner.step(ids[:, :6], cache, mask[:, :6])] + [runner.step(ids[:, t : t + 1], cache, mask[:, t : t + 1]) for t in range(6, SEQ)]
+    assert cache.keys[1] is None and cache.keys[0] is not None
+    torch.testing.assert_close(torch.cat(pieces, dim=1)[real], masked[real], atol=1e-5, rtol=1e-5)
