@@ -88,8 +88,23 @@ def _unsupported(found: object) -> CheckpointError:
     return CheckpointError(f"model type {found!r} is not supported (supported: {', '.join(SUPPORTED)})")
 
 
-def _looks_local(path: str) -> bool:
+def looks_local(path: str) -> bool:
+    """Whether ``path`` names a local folder (it exists, or looks like a path) rather than a hub name."""
     return Path(path).expanduser().exists() or path.startswith(("/", ".", "~")) or "\\" in path
+
+
+def read_config_json(folder: str | Path) -> dict:
+    """The ``config.json`` of a local checkpoint folder as a dict (CheckpointError: one line naming the file)."""
+    config_file = Path(folder).expanduser() / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"cannot read a transformers config: '{config_file}' not found")
+    try:
+        description = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"cannot read a transformers config from '{config_file}': {first_line(exc)}") from None
+    if not isinstance(description, dict):
+        raise CheckpointError(f"'{config_file}' does not hold a JSON object")
+    return description
 
 
 def architecture_of(path_or_config: object) -> str:
@@ -110,33 +125,24 @@ def architecture_of(path_or_config: object) -> str:
 
 
 def _read_model_type(path: str) -> object:
-    if _looks_local(path):
-        folder = Path(path).expanduser()
-        config_file = folder / "config.json"
-        if not config_file.is_file():
-            raise CheckpointError(f"cannot read a transformers config: '{config_file}' not found")
-        try:
-            description = json.loads(config_file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"cannot read a transformers config from '{config_file}': {exc}") from exc
-        if not isinstance(description, dict):
-            raise CheckpointError(f"'{config_file}' does not hold a JSON object")
-        return description.get("model_type")
+    if looks_local(path):
+        return read_config_json(path).get("model_type")
     from transformers import AutoConfig  # noqa: PLC0415 - transformers is optional (the hf extra); importing it costs seconds
 
     try:
         return AutoConfig.from_pretrained(path).model_type
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read a transformers config from '{path}': {_first_line(exc)}") from exc
+        raise CheckpointError(f"cannot read a transformers config from '{path}': {first_line(exc)}") from exc
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """Silence transformers' multi-line load report and its progress bar, restoring both after."""
     from transformers.utils import logging as hf_logging  # noqa: PLC0415 - transformers is optional (the hf extra); importing it costs seconds
 
@@ -152,7 +158,7 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 # What a failed ``from_pretrained`` raises (a corrupt safetensors file: SafetensorError).
-_LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError, SafetensorError)
+LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError, IndexError, SafetensorError)
 
 
 def _some(keys: Iterable[str], limit: int = 5) -> str:
@@ -178,7 +184,7 @@ def load_pretrained_classifier(path: str | Path, num_labels: int, *, log: Callab
     family = ARCHITECTURES[kind]
     cls = family.classifier()
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             model, info = cls.from_pretrained(
                 str(path), num_labels=num_labels, attn_implementation="sdpa",
                 ignore_mismatched_sizes=True, output_loading_info=True,
@@ -186,8 +192,8 @@ def load_pretrained_classifier(path: str | Path, num_labels: int, *, log: Callab
                 # trained and timed in half precision on the CPU, and reload as float32 later.
                 dtype=torch.float32,
             )
-    except _LOAD_ERRORS as exc:
-        raise CheckpointError(f"cannot load a {kind} checkpoint from '{path}': {_first_line(exc)}") from exc
+    except LOAD_ERRORS as exc:
+        raise CheckpointError(f"cannot load a {kind} checkpoint from '{path}': {first_line(exc)}") from exc
     config = model.config
     if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
         raise CheckpointError(f"'{path}' is configured as a decoder (is_decoder/add_cross_attention); only encoders are supported")
@@ -210,7 +216,7 @@ def load_pretrained_classifier(path: str | Path, num_labels: int, *, log: Callab
     if bad := sorted(unexpected.difference(ignored)):
         problems.append(f"checkpoint weights that {cls.__name__} has no place for: {_some(bad)}")
     if errors := [m for m in info.get("error_msgs", ()) if m]:
-        problems.append(f"load errors: {_first_line(Exception(errors[0]))}")
+        problems.append(f"load errors: {first_line(Exception(errors[0]))}")
     if problems:
         raise CheckpointError(f"'{path}' does not fit {cls.__name__} ({kind}): " + "; ".join(problems))
 
@@ -301,7 +307,7 @@ def classifier_from_config(config_dict: dict):
     try:
         config = cls.config_class.from_dict(dict(config_dict))
     except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"invalid {family.model_type} config: {_first_line(exc)}") from exc
+        raise CheckpointError(f"invalid {family.model_type} config: {first_line(exc)}") from exc
     config._attn_implementation = "sdpa"
     return cls(config).eval()
 

@@ -23,9 +23,7 @@ than the model has embedding rows (:func:`check_tokenizer`).
 
 from __future__ import annotations
 
-import contextlib
-import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ import torch
 from torch import nn
 
 from budgeted_attention.errors import CheckpointError
+from budgeted_attention.hf.architectures import LOAD_ERRORS, first_line, looks_local, quiet_transformers, read_config_json
 
 
 class UnsupportedLayoutError(CheckpointError):
@@ -161,36 +160,11 @@ def causal_lm_from_config(config_dict: dict[str, Any]) -> nn.Module:
     try:
         config = cls.config_class.from_dict(settings)
     except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"invalid {layout.model_type} config: {_first_line(exc)}") from exc
+        raise CheckpointError(f"invalid {layout.model_type} config: {first_line(exc)}") from exc
     config._attn_implementation = "sdpa"
-    with _quiet_transformers():
+    with quiet_transformers():
         model = cls(config)
     return model.to(torch.float32).eval()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Silence transformers' load report and progress bars, restoring both after."""
-    from transformers.utils import logging as hf_logging  # noqa: PLC0415 - optional dependency; importing it costs seconds
-
-    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bar:
-            hf_logging.enable_progress_bar()
-
-
-def _looks_local(path: str) -> bool:
-    return Path(path).expanduser().exists() or path.startswith(("/", ".", "~")) or "\\" in path
 
 
 def _gguf_architecture(file: Path) -> str:
@@ -211,7 +185,7 @@ def _gguf_architecture(file: Path) -> str:
             if tensor.data_offset + tensor.n_bytes > size:
                 raise ValueError(f"tensor {tensor.name} runs past the end of the file")
     except (OSError, ValueError, KeyError, IndexError, UnicodeDecodeError, TypeError) as exc:
-        raise CheckpointError(f"'{file}' is not a readable GGUF file (truncated or corrupt): {_first_line(exc)}") from None
+        raise CheckpointError(f"'{file}' is not a readable GGUF file (truncated or corrupt): {first_line(exc)}") from None
     return architecture
 
 
@@ -223,31 +197,15 @@ def read_config(path: str | Path, gguf_file: str | None = None) -> Any:
     path = str(path)
     if gguf_file is not None:
         _gguf_architecture(Path(path).expanduser() / gguf_file)
-    elif _looks_local(path):
-        config_file = Path(path).expanduser() / "config.json"
-        if not config_file.is_file():
-            raise CheckpointError(f"cannot read a transformers config: '{config_file}' not found")
-        try:
-            description = json.loads(config_file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"cannot read a transformers config from '{config_file}': {_first_line(exc)}") from None
-        if not isinstance(description, dict):
-            raise CheckpointError(f"'{config_file}' does not hold a JSON object")
-        layout_of(description)  # refuse an unsupported layout before transformers resolves its classes
+    elif looks_local(path):
+        layout_of(read_config_json(path))  # refuse an unsupported layout before transformers resolves its classes
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             config = AutoConfig.from_pretrained(path, gguf_file=gguf_file) if gguf_file else AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise CheckpointError(f"cannot read a transformers config from '{path}': {_first_line(exc)}") from None
+        raise CheckpointError(f"cannot read a transformers config from '{path}': {first_line(exc)}") from None
     layout_of(config)
     return config
-
-
-# What a failed ``from_pretrained`` raises.
-def _load_errors() -> tuple[type[BaseException], ...]:
-    from safetensors import SafetensorError  # noqa: PLC0415 - optional dependency of the loader only
-
-    return (OSError, ValueError, RuntimeError, KeyError, TypeError, IndexError, SafetensorError)
 
 
 def load_causal_lm(path: str | Path, *, gguf_file: str | None = None) -> nn.Module:
@@ -261,12 +219,12 @@ def load_causal_lm(path: str | Path, *, gguf_file: str | None = None) -> nn.Modu
     cls = layout.causal_lm()
     where = f"'{Path(str(path)) / gguf_file}'" if gguf_file else f"'{path}'"
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             model, info = cls.from_pretrained(
                 str(path), gguf_file=gguf_file, dtype=torch.float32, attn_implementation="sdpa", output_loading_info=True,
             )
-    except _load_errors() as exc:
-        raise CheckpointError(f"cannot load a {layout.model_type} causal LM from {where}: {_first_line(exc)}") from None
+    except LOAD_ERRORS as exc:
+        raise CheckpointError(f"cannot load a {layout.model_type} causal LM from {where}: {first_line(exc)}") from None
     problems = []
     # transformers ties lm_head to the embedding when the config says so: not a missing weight
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
@@ -299,10 +257,10 @@ def load_tokenizer(path: str | Path, *, gguf_file: str | None = None) -> Any:
     from transformers import AutoTokenizer  # noqa: PLC0415 - optional dependency; importing it costs seconds
 
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             return AutoTokenizer.from_pretrained(str(path), gguf_file=gguf_file) if gguf_file else AutoTokenizer.from_pretrained(str(path))
-    except _load_errors() as exc:
-        raise CheckpointError(f"cannot load a tokenizer from '{path}': {_first_line(exc)}") from None
+    except LOAD_ERRORS as exc:
+        raise CheckpointError(f"cannot load a tokenizer from '{path}': {first_line(exc)}") from None
 
 
 def split_gguf_path(path: str | Path) -> tuple[str, str | None]:
@@ -330,4 +288,4 @@ def gemma_270m_gguf(folder: str | Path | None = None) -> Path:
     try:
         return Path(package.assemble(target))
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot assemble the Gemma 3 270M GGUF: {_first_line(exc)}") from None
+        raise CheckpointError(f"cannot assemble the Gemma 3 270M GGUF: {first_line(exc)}") from None
