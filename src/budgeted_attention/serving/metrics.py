@@ -18,23 +18,14 @@ from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from budgeted_attention.io import pid_alive
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 
 
 def multiprocess_dir() -> str | None:
     """The shared metrics directory when running with several workers, else None."""
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
-
-
-def _running(pid: int) -> bool:
-    """Whether a process with this id exists (signal 0 checks without signalling)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 def forget_dead_workers(directory: str) -> list[int]:
@@ -45,7 +36,7 @@ def forget_dead_workers(directory: str) -> list[int]:
     dead = set()
     for path in Path(directory).glob("gauge_live*_*.db"):
         pid = path.stem.rsplit("_", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             dead.add(int(pid))
     for pid in sorted(dead):
         try:
