@@ -9,8 +9,8 @@ offline MiniLM (defaults: the per-layer counts of a trained whole-model MiniLM b
 checkpoint at b = 0.5). Each graph is exported and quantized as ``baa export [--int8]`` does,
 timed interleaved (1 thread, medians of rounds), then run under ONNX Runtime's profiler; the
 table gives, per operator type, microseconds per pass and the ratio dense / pruned, and splits
-the pass into the quantized matrix products (``MatMulInteger``/``DynamicQuantizeMatMul``/
-``MatMul`` with a weight), the operators that scale with the kept units, and the fixed rest.
+the pass into matrix products (every ``MatMul``/``Gemm`` kind: the weight products, int8 in the
+int8 graphs, and the attention's score and value products, float32 in both) and everything else.
 The profiler's own cost inflates small operators: shares, not the benchmark's figures.
 
 Writes ``int8_profile.json`` and ``int8_profile.md`` to ``--out``.
@@ -163,7 +163,7 @@ def render(result: dict) -> str:
         cells = [ops[g].get(op, 0.0) for g in ("dense-fp32", "pruned-fp32", "dense-int8", "pruned-int8")]
         ratio = f"{cells[2] / cells[3]:.2f}x" if cells[3] > 0 else ""
         lines.append(f"| {op} | " + " | ".join(f"{c:.0f}" for c in cells) + f" | {ratio} |")
-    lines += ["", "| graph | matrix products µs | everything else µs | everything else share |", "|---|---:|---:|---:|"]
+    lines += ["", "| graph | matrix products (weights and attention) µs | everything else µs | everything else share |", "|---|---:|---:|---:|"]
     for name, parts in split.items():
         total = parts["matmul_us"] + parts["rest_us"]
         lines.append(f"| {name} | {parts['matmul_us']:.0f} | {parts['rest_us']:.0f} | {parts['rest_us'] / total:.0%} |")

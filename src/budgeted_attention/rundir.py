@@ -129,11 +129,22 @@ class RunDir:
         """Copy :meth:`record_files` to the folder ``target`` (same relative paths) and return it
         as a run directory: the report reads it as it reads this one, on any machine.
 
-        Atomic: the copy is made beside ``target`` and renamed over it, so ``target`` is either
-        the old archive or the new one, never a mix."""
+        The copy is made beside ``target`` and swapped in by two renames, so ``target`` never holds
+        a mix of two archives; a crash between the renames leaves the old archive beside it as
+        ``.NAME.old-PID`` (restored by the next call). Refused (:class:`RunDirError`) when
+        ``target`` is this run directory, lies inside it or holds it: the swap would delete it."""
         target = Path(target)
+        source, resolved = self.path.resolve(), target.resolve()
+        if resolved == source or source in resolved.parents or resolved in source.parents:
+            raise RunDirError(f"cannot archive '{self.path}' to '{target}': one folder holds the other")
+        for stale in target.parent.glob(f".{target.name}.tmp-*") if target.parent.is_dir() else []:
+            shutil.rmtree(stale, ignore_errors=True)
+        for old in target.parent.glob(f".{target.name}.old-*") if target.parent.is_dir() else []:
+            if target.exists():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.rename(target)  # an earlier swap stopped between its renames
         staging = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
         for path in self.record_files():
             destination = staging / path.relative_to(self.path)
             destination.parent.mkdir(parents=True, exist_ok=True)

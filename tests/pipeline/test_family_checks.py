@@ -20,3 +20,9 @@ from budgeted_attention.pipeline import config_from_dict
 def test_family_capability_errors_name_the_value(data, message):
     with pytest.raises(ConfigError, match=message):
         config_from_dict({"seeds": [0], **data})
+
+
+def test_straight_through_gates_with_a_sandwich_method_are_refused_before_any_training():
+    data = {"seeds": [0], "methods": ["dense", "budgeted-sandwich"], "train": {"gate_forward": "straight-through"}}
+    with pytest.raises(ConfigError, match="straight-through.*budgeted-sandwich use the sandwich rule"):
+        config_from_dict(data)

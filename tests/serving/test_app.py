@@ -186,8 +186,10 @@ def test_the_fuzz_reaches_surrogates_and_control_characters():
 
     from budgeted_attention.serving.fuzz import texts  # noqa: PLC0415
 
-    assert find(texts(5), lambda t: any(0xD800 <= ord(c) <= 0xDFFF for c in t))
-    assert find(texts(5), lambda t: any(ord(c) < 32 for c in t))
+    # Derandomized, no example database, a generous search: the same answer on every run and machine.
+    search = settings(max_examples=2000, database=None, derandomize=True)
+    assert find(texts(5), lambda t: any(0xD800 <= ord(c) <= 0xDFFF for c in t), settings=search)
+    assert find(texts(5), lambda t: any(ord(c) < 32 for c in t), settings=search)
 
 
 def test_control_characters_are_text_and_lone_surrogates_a_422(client):

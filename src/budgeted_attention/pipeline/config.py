@@ -101,6 +101,8 @@ def check_family_names(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"method 'ladder' needs model_family {names('depth')} and a non-empty 'ladder' list of model shapes")
     if {"budgetformer", "capped-routing"} & set(cfg.methods) and (not family.supports("routing") or cfg.budget_scope != "heads"):
         raise ConfigError(f"budgetformer / capped-routing route heads per input: model_family {names('routing')} with budget_scope 'heads'")
+    if cfg.train.gate_forward == "straight-through" and (sandwich := [m for m in cfg.methods if m.endswith("-sandwich")]):
+        raise ConfigError(f"train.gate_forward 'straight-through' runs one budget per step; methods {', '.join(sandwich)} use the sandwich rule")
 
 
 # Config keys added after runs were stamped, with their defaults: left out of the digest while at

@@ -37,7 +37,10 @@ class TrainConfig:
     the budget by construction. For families whose branch outputs are normalised before the
     residual add (Gemma 3's sandwich norms), scaling every unit of a layer by one gate changes
     nothing, so soft gates can meet the budget by shrinking together and never rank the units;
-    the straight-through forward makes every step pay for the units it drops.
+    the straight-through forward makes every step pay for the units it drops. With it,
+    ``polarization_weight``, ``gate_mass_weight`` and ``overshoot_margin`` are not used, and what
+    still reads the soft gates (the ``budgeted`` rows, early stopping of the budgeted stage, the
+    hard stage's teacher) sees a soft forward this stage did not train.
 
     Valid values (checked on construction, ``ConfigError`` naming ``train.<key>``): batch sizes
     >= 1; step counts >= 0; learning rates and ``distill_temperature`` finite > 0; ``weight_decay``,
