@@ -495,6 +495,24 @@ def test_the_training_stages_run_unchanged_with_the_lm_task():
     assert after["loss"] < before and after["perplexity"] > 1.0
 
 
+def test_freeze_embeddings_keeps_a_tied_embedding_and_output_layer_and_trains_the_body():
+    from budgeted_attention.data.dataset import Split
+    from budgeted_attention.tasks import LANGUAGE_MODEL
+    from budgeted_attention.training.config import TrainConfig
+    from budgeted_attention.training.stages import train_dense
+
+    model = tiny_model("gemma3_text", tie_word_embeddings=True).train()
+    assert model.tied_output
+    ids = torch.randint(3, VOCAB, (16, 12), generator=torch.Generator().manual_seed(3))
+    split = Split(ids, torch.ones_like(ids), torch.zeros(16, dtype=torch.long))
+    embedding, body = model.input_embedding().weight.detach().clone(), model.hf.model.layers[0].mlp.up_proj.weight.detach().clone()
+    cfg = TrainConfig(batch_size=8, dense_steps=3, device="cpu", freeze_embeddings=True)
+    train_dense(model, split, cfg, seed=0, progress=False, task=LANGUAGE_MODEL)
+    assert torch.equal(model.input_embedding().weight, embedding) and model.hf.lm_head.weight is model.input_embedding().weight
+    assert not torch.equal(model.hf.model.layers[0].mlp.up_proj.weight, body)
+    assert model.input_embedding().weight.requires_grad
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_whole_layer_leaves_under_the_budget_and_caches_nothing(layout):
     """Layers as units (``min_one_per_layer: false``): a layer whose heads and FFN groups all rank

@@ -66,3 +66,20 @@ def test_importance_ranks_by_area_under_gate_curve():
         gates.bias.copy_(torch.tensor([[-3.0, 0.0, 3.0]]))
     score = gates.importance()
     assert score[0, 2] > score[0, 1] > score[0, 0]
+
+
+def test_centred_gates_are_one_half_at_their_entry_budget_and_keep_the_expected_cost_near_b():
+    entry = (torch.arange(20, dtype=torch.float64) + 0.5).view(4, 5) / 20
+    gates = BudgetGates(4, 5)
+    gates.centre(entry)
+    with torch.no_grad():
+        for b in (0.125, 0.375, 0.625):  # a unit's gate is 1/2 exactly at its own entry budget
+            unit = int(b * 20 - 0.5)
+            assert float(gates(b).flatten()[unit]) == pytest.approx(0.5, abs=1e-6)
+        for b in (0.25, 0.5, 0.75):  # C(b) with equal costs: the mean gate, near b
+            assert float(gates(b).mean()) == pytest.approx(b, abs=0.02)
+        assert torch.equal(gates(1.0), torch.ones(4, 5))
+    with pytest.raises(ValueError, match="shape"):
+        gates.centre(entry.view(5, 4))
+    with pytest.raises(ValueError, match=r"\(0, 1\)"):
+        gates.centre(torch.ones(4, 5))

@@ -418,10 +418,10 @@ def test_digest_of_configs_from_before_the_new_keys_is_unchanged(tmp_path):
     path.write_text(CONFIG)
     cfg = load_experiment_config(str(path))
     old = to_dict(cfg)
-    for key in ("budget_scope", "ffn_group_size", "reference_seq_len", "ladder", "task", "lm_data", "notes", "router"):
+    for key in ("budget_scope", "ffn_group_size", "reference_seq_len", "ladder", "task", "lm_data", "notes", "router", "ffn_sort_examples"):
         del old[key]
     del old["synthetic"]["mixed_markers"]
-    for key in ("budget_sampling", "sandwich_random", "device", "bf16", "early_stop_budgeted", "gate_forward"):
+    for key in ("budget_sampling", "sandwich_random", "device", "bf16", "early_stop_budgeted", "gate_forward", "freeze_embeddings", "gate_init"):
         del old["train"][key]
     for key in ("onnx", "int8", "device", "compile", "cuda_graphs"):
         del old["bench"][key]
@@ -521,3 +521,20 @@ def test_unit_records_carry_the_config_digest_and_resume_refuses_another(tmp_pat
     Experiment(cfg, out, progress=False, log=messages.append).run()
     assert not stale.exists() and live.exists()
     assert any(str(stale) in str(m) for m in messages)
+
+
+def test_gate_init_importance_starts_the_budgeted_gates_ordered_as_the_posthoc_ranking(tmp_path):
+    from budgeted_attention.checkpoint import load_model
+    from budgeted_attention.pruning.selection import Ranking
+
+    path = tmp_path / "all.yaml"
+    path.write_text(CONFIG.replace("name: tiny", "name: tiny-all\nbudget_scope: all\nffn_group_size: 8").replace("seeds: [0, 1]", "seeds: [0]"))
+    cfg = load_experiment_config(str(path), ["methods=[dense,budgeted]", "train.gate_init=importance", "train.budgeted_steps=0"])
+    experiment = Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None)
+    experiment.run()
+    saved = json.loads((tmp_path / "run" / "units" / "seed0" / "posthoc-ranking.json").read_text())
+    model, _ = load_model(tmp_path / "run" / "checkpoints" / "seed0" / "budgeted")
+    costs = model.unit_costs(experiment.context.splits.seq_len)
+    assert Ranking.from_scores(model.unit_importance(), costs, cfg.min_one_per_layer) == Ranking.from_dict(saved)
+    with pytest.raises(ConfigError, match="gate_init 'importance'.*posthoc_importance 'gradient'"):
+        load_experiment_config(str(path), ["train.gate_init=importance", "posthoc_importance=leave-one-out"])

@@ -50,3 +50,28 @@ def test_round_trip_and_validation():
     broken["order"] = broken["order"][:-1]
     with pytest.raises(ValueError, match="every"):
         Ranking.from_dict(broken)
+
+
+@settings(max_examples=50, deadline=None)
+@given(layers=st.integers(1, 4), heads=st.integers(1, 4), groups=st.integers(0, 3), seed=st.integers(0, 10_000), min_one=st.booleans())
+def test_admission_budgets_increase_along_the_order_and_centred_gates_rank_the_same(layers, heads, groups, seed, min_one):
+    from budgeted_attention.model.gates import BudgetGates
+
+    gen = torch.Generator().manual_seed(seed)
+    scores = UnitGates(torch.rand(layers, heads, generator=gen), torch.rand(layers, groups, generator=gen) if groups else None)
+    costs = UnitGates(torch.full((layers, heads), 3.0), torch.full((layers, groups), 5.0) if groups else None)
+    ranking = Ranking.from_scores(scores, costs if groups else None, min_one_per_layer=min_one)
+    entry = ranking.admission_budgets()
+    along = [float((entry.heads if kind == "head" else entry.ffn)[layer, index]) for kind, layer, index in ranking.order]
+    assert all(0 < a < b < 1 for a, b in zip(along, along[1:])) and 0 < along[0] and along[-1] < 1
+    if not groups:
+        assert along == pytest.approx([(k + 0.5) / (layers * heads) for k in range(layers * heads)])
+    head_gates, ffn_gates = BudgetGates(layers, heads), BudgetGates(layers, max(groups, 1))
+    head_gates.centre(entry.heads)
+    if groups:
+        ffn_gates.centre(entry.ffn)
+    for (kind, layer, index), budget in zip(ranking.order, along):  # each gate is 1/2 at its own entry budget
+        gate = (head_gates if kind == "head" else ffn_gates)(budget)[layer, index].detach()
+        assert float(gate) == pytest.approx(0.5, abs=1e-5)
+    again = Ranking.from_scores(UnitGates(head_gates.importance(), ffn_gates.importance() if groups else None), costs if groups else None, min_one_per_layer=min_one)
+    assert again.order == ranking.order

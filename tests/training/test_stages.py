@@ -133,3 +133,15 @@ def test_straight_through_budgeted_stage_runs_and_moves_gates():
     log = train_budgeted(model, splits.train, tc, costs, seed=0, teacher=copy.deepcopy(model), progress=False)
     assert log.steps_run == 5 and all(torch.isfinite(torch.tensor(log.losses)))
     assert not torch.equal(before, model.gates.bias)
+
+
+def test_freeze_embeddings_leaves_the_token_embedding_untouched_and_trains_the_rest():
+    splits, model = _setup()
+    embedding = model.input_embedding().weight
+    before, other = embedding.detach().clone(), copy.deepcopy(model.state_dict())
+    tc = TrainConfig(dense_steps=5, batch_size=16, freeze_embeddings=True)
+    train_dense(model, splits.train, tc, seed=0, progress=False)
+    assert torch.equal(before, embedding)
+    assert embedding.requires_grad  # switched back on after the stage
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, other[k])]
+    assert changed and "token_embedding.weight" not in changed

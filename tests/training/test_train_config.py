@@ -39,6 +39,8 @@ from budgeted_attention.training.config import TrainConfig
         ("recovery_steps", -5),
         ("batch_size", True),
         ("gate_forward", "hard"),
+        ("freeze_embeddings", "yes"),
+        ("gate_init", "random"),
     ],
 )
 def test_bad_value_is_named(key, value):

@@ -151,6 +151,16 @@ class GatedModel(nn.Module, metaclass=ABCMeta):
             self.gates.importance(grid_points), None if self.ffn_gates is None else self.ffn_gates.importance(grid_points)
         )
 
+    def centre_gates(self, budgets: UnitGates) -> None:
+        """Centre every unit's gate curve at its entry budget (:meth:`BudgetGates.centre`), e.g. a
+        ranking's :meth:`~budgeted_attention.pruning.selection.Ranking.admission_budgets`: the
+        soft gates then start ordered as that ranking (``train.gate_init: importance``)."""
+        if (budgets.ffn is None) != (self.ffn_gates is None):
+            raise ValueError("gate entry budgets must cover the FFN groups exactly when they are gated")
+        self.gates.centre(budgets.heads)
+        if self.ffn_gates is not None:
+            self.ffn_gates.centre(budgets.ffn)
+
     def unit_costs(self, seq_len: int) -> UnitGates:
         """FLOPs per unit at ``seq_len`` tokens: heads, and FFN groups when they are gated."""
         return self.cost_model(seq_len).unit_costs(self.group_size if self.has_ffn_units else 0)

@@ -44,6 +44,7 @@ class ExperimentConfig:
     min_one_per_layer: bool = True
     budget_scope: str = "heads"
     ffn_group_size: int = 64
+    ffn_sort_examples: int = 0
     reference_seq_len: int = 0
     ladder: list[dict[str, Any]] = field(default_factory=list)
     router: RouterConfig = field(default_factory=RouterConfig)
@@ -68,6 +69,7 @@ class ExperimentConfig:
             raise ConfigError(f"budget_scope must be 'heads' or 'all', got {self.budget_scope!r}")
         check_int(self.ffn_group_size, "ffn_group_size", ge=1)
         check_int(self.reference_seq_len, "reference_seq_len", ge=0)
+        check_int(self.ffn_sort_examples, "ffn_sort_examples", ge=0)
         if self.model.ffn_group_size or self.model.ffn_group_ids:
             raise ConfigError("model.ffn_group_size/ffn_group_ids are set by the pipeline: use budget_scope: all and ffn_group_size")
         check_family_names(self)
@@ -101,6 +103,8 @@ def check_family_names(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"method 'ladder' needs model_family {names('depth')} and a non-empty 'ladder' list of model shapes")
     if {"budgetformer", "capped-routing"} & set(cfg.methods) and (not family.supports("routing") or cfg.budget_scope != "heads"):
         raise ConfigError(f"budgetformer / capped-routing route heads per input: model_family {names('routing')} with budget_scope 'heads'")
+    if cfg.train.gate_init == "importance" and cfg.budget_scope == "all" and cfg.posthoc_importance != "gradient":
+        raise ConfigError("train.gate_init 'importance' under budget_scope 'all' needs posthoc_importance 'gradient' (leave-one-out scores heads only)")
     if cfg.train.gate_forward == "straight-through" and (sandwich := [m for m in cfg.methods if m.endswith("-sandwich")]):
         raise ConfigError(f"train.gate_forward 'straight-through' runs one budget per step; methods {', '.join(sandwich)} use the sandwich rule")
 
@@ -116,7 +120,8 @@ _LATER_KEYS = {
     ("router",): to_dict(RouterConfig()), ("synthetic", "mixed_markers"): False,
     ("train", "bf16"): False, ("bench", "onnx"): False, ("bench", "device"): "cpu", ("bench", "compile"): False,
     ("bench", "cuda_graphs"): False, ("train", "early_stop_budgeted"): False, ("bench", "int8"): False,
-    ("train", "gate_forward"): "soft",
+    ("train", "gate_forward"): "soft", ("train", "freeze_embeddings"): False,
+    ("train", "gate_init"): "zeros", ("ffn_sort_examples",): 0,
 }
 
 def config_digest(cfg: ExperimentConfig) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from budgeted_attention.io import write_json_atomic, write_text_atomic
+from budgeted_attention.model.registry import get_family
 from budgeted_attention.pipeline.context import RunContext
 from budgeted_attention.pipeline.units import UnitId
 from budgeted_attention.reporting.bench_table import bench_table
@@ -76,7 +77,9 @@ def write_outputs(ctx: RunContext, collected: Collected, seconds: float, partial
     saying which units are missing (a ``--finished-only`` run), else None."""
     cfg, run, setting, lm = ctx.cfg, ctx.run, ctx.cfg.bench, ctx.cfg.task == "lm"
     rows = [r for r in collected.rows if r["method"] in cfg.methods]
-    source = f"'{cfg.lm_data.source}' ({cfg.lm_data.tokenizer} tokens, blocks of {cfg.lm_data.seq_len})" if lm else f"'{cfg.data.source}'"
+    # A pretrained decoder reads its own tokenizer; lm_data.tokenizer only names the one trained from scratch.
+    tokens = "the model's own" if get_family(cfg.model_family).supports("pretrained") else cfg.lm_data.tokenizer
+    source = f"'{cfg.lm_data.source}' ({tokens} tokens, blocks of {cfg.lm_data.seq_len})" if lm else f"'{cfg.data.source}'"
     metric = (
         "Loss: next-token cross-entropy in nats per token on the test documents (perplexity = exp(loss)), choices made on validation."
         if lm else "Accuracy: test split at choices made on validation."

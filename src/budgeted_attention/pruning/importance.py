@@ -79,12 +79,17 @@ def unit_gradient_importance(model: nn.Module, split: Split, batch_size: int = 1
     return UnitGates(scores[0], scores[1] if len(scores) > 1 else None)
 
 
-def ffn_neuron_importance(model: nn.Module, split: Split, batch_size: int = 128, max_batches: int = 0, task: Task = CLASSIFY) -> list[torch.Tensor]:
+def ffn_neuron_importance(
+    model: nn.Module, split: Split, batch_size: int = 128, max_batches: int = 0, task: Task = CLASSIFY,
+    *, max_examples: int = 0, seed: int = 0,
+) -> list[torch.Tensor]:
     """Per layer, a (width,) importance of each FFN neuron on ``split`` (use the TRAINING split).
 
     The score is |dL/dm_j| for a mask m_j = 1 multiplying neuron j's activation, i.e.
     |sum over tokens of a_j * dL/da_j|, accumulated per batch (absolute value per batch, as for
-    heads). ``max_batches`` > 0 caps the batches read (the score converges quickly).
+    heads). ``max_batches`` > 0 caps the batches read (the score converges quickly);
+    ``max_examples`` > 0 reads that many examples drawn without replacement (``seed``) instead of
+    the split in order. Only the activations' gradients are computed (no weight gradients).
     """
     was_training = model.training
     model.eval()
@@ -95,35 +100,38 @@ def ffn_neuron_importance(model: nn.Module, split: Split, batch_size: int = 128,
 
     def keep(index: int):
         def hook(_module, _inputs, output):
-            output.retain_grad()
             captured[index] = output
 
         return hook
 
+    if max_examples and max_examples < len(split):
+        chosen = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))[:max_examples].sort().values
+        split = Split(split.input_ids[chosen], split.attention_mask[chosen], split.labels[chosen])
     for index, module in enumerate(modules):
         handles.append(module.register_forward_hook(keep(index)))
     try:
         for count, (ids, attn, labels) in enumerate(split.batches(batch_size)):
             if max_batches and count >= max_batches:
                 break
-            model.zero_grad(set_to_none=True)
             loss = task.loss(model(ids, attn), ids, attn, labels)
-            loss.backward()
-            for index, act in enumerate(captured):
-                contribution = (act.detach() * act.grad).flatten(0, -2).sum(dim=0).abs()
+            grads = torch.autograd.grad(loss, captured)
+            for index, (act, grad) in enumerate(zip(captured, grads)):
+                contribution = (act.detach() * grad).flatten(0, -2).sum(dim=0).abs()
                 scores[index] = contribution if scores[index] is None else scores[index] + contribution
     finally:
         for handle in handles:
             handle.remove()
-        model.zero_grad(set_to_none=True)
         model.train(was_training)
     return [s.detach() for s in scores]
 
 
-def sort_ffn_by_importance(model: nn.Module, split: Split, batch_size: int = 128, max_batches: int = 0, task: Task = CLASSIFY) -> list[list[int]]:
+def sort_ffn_by_importance(
+    model: nn.Module, split: Split, batch_size: int = 128, max_batches: int = 0, task: Task = CLASSIFY,
+    *, max_examples: int = 0, seed: int = 0,
+) -> list[list[int]]:
     """Sort every layer's FFN neurons by :func:`ffn_neuron_importance` on ``split`` (most important
     first; function-preserving). Returns the neuron orders applied."""
-    scores = ffn_neuron_importance(model, split, batch_size, max_batches, task)
+    scores = ffn_neuron_importance(model, split, batch_size, max_batches, task, max_examples=max_examples, seed=seed)
     orders = [torch.argsort(score, descending=True, stable=True).tolist() for score in scores]
     model.sort_ffn_neurons(orders)
     return orders

@@ -177,6 +177,19 @@ class Ranking:
         """Per layer, every head (and group) in rank order (the sorted weight layout)."""
         return self._per_layer(self.order)
 
+    def admission_budgets(self) -> UnitGates:
+        """Per unit, the budget at which this order admits it: the middle of its slice of the
+        cumulative cost, as a fraction of the total (in (0, 1), increasing along the order).
+        Full grids: heads (n_layers, n_heads), FFN groups (n_layers, n_groups) or None."""
+        heads = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)
+        groups = torch.zeros(self.n_layers, self.n_groups, dtype=torch.float64) if self.n_groups else None
+        spent, total = 0.0, self.total_cost
+        for kind, layer, index in self.order:
+            cost = self._unit_cost((kind, layer, index))
+            (heads if kind == "head" else groups)[layer, index] = (spent + cost / 2) / total
+            spent += cost
+        return UnitGates(heads, groups)
+
     def heads_only(self) -> Ranking:
         """The heads of this order alone (head-only pruning with the FFN whole, for comparisons)."""
         heads = tuple(unit for unit in self.order if unit[0] == "head")

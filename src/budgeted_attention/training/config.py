@@ -41,6 +41,18 @@ class TrainConfig:
     ``polarization_weight``, ``gate_mass_weight`` and ``overshoot_margin`` are not used, and what
     still reads the soft gates (the ``budgeted`` rows, early stopping of the budgeted stage, the
     hard stage's teacher) sees a soft forward this stage did not train.
+    Gate initialisation (``gate_init``): ``zeros`` (default, the paper: every gate starts as
+    g(b) = b, so the units start unordered) or ``importance``: the warm-started budgeted stages
+    (``budgeted``, ``budgeted-sandwich``) start with each unit's gate curve centred at the budget
+    where the post-hoc importance ranking of the dense model (``posthoc_importance``, on the
+    validation split) first keeps it, so the soft gates start ordered as that ranking and the
+    stage refines it. For families whose branch outputs are normalised (Gemma 3's sandwich
+    norms), the gates of one layer cannot learn their order from a common start.
+    ``freeze_embeddings``: every stage leaves the token embedding (the family's
+    ``input_embedding()``, and with it an output layer tied to it) untouched: no gradient, no
+    optimiser state. For a pretrained decoder whose vocabulary dominates its parameters (Gemma 3
+    270M: 168 M of 270 M) this removes the embedding's weight gradient, its AdamW moments and its
+    update from every step.
 
     Valid values (checked on construction, ``ConfigError`` naming ``train.<key>``): batch sizes
     >= 1; step counts >= 0; learning rates and ``distill_temperature`` finite > 0; ``weight_decay``,
@@ -75,6 +87,8 @@ class TrainConfig:
     distill_temperature: float = 2.0
     budget_sampling: str = "single"
     gate_forward: str = "soft"
+    gate_init: str = "zeros"
+    freeze_embeddings: bool = False
     sandwich_random: int = 2
     device: str = "auto"
     bf16: bool = False
@@ -103,12 +117,16 @@ class TrainConfig:
             raise ConfigError(f"train.device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if not isinstance(self.early_stop_budgeted, bool):
             raise ConfigError(f"train.early_stop_budgeted must be true or false, got {self.early_stop_budgeted!r}")
+        if not isinstance(self.freeze_embeddings, bool):
+            raise ConfigError(f"train.freeze_embeddings must be true or false, got {self.freeze_embeddings!r}")
         if not isinstance(self.bf16, bool):
             raise ConfigError(f"train.bf16 must be true or false, got {self.bf16!r}")
         if self.budget_sampling not in ("single", "sandwich"):
             raise ConfigError(f"train.budget_sampling must be 'single' or 'sandwich', got {self.budget_sampling!r}")
         if self.gate_forward not in ("soft", "straight-through"):
             raise ConfigError(f"train.gate_forward must be 'soft' or 'straight-through', got {self.gate_forward!r}")
+        if self.gate_init not in ("zeros", "importance"):
+            raise ConfigError(f"train.gate_init must be 'zeros' or 'importance', got {self.gate_init!r}")
         if self.gate_forward == "straight-through" and self.budget_sampling != "single":
             raise ConfigError("train.gate_forward 'straight-through' needs train.budget_sampling 'single', got 'sandwich'")
         if self.budget_min > self.budget_max:

@@ -39,6 +39,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from budgeted_attention.data.dataset import Split
+from budgeted_attention.errors import ConfigError
 from budgeted_attention.model.cost import estimated_cost
 from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.pruning.selection import Ranking
@@ -190,6 +191,43 @@ def run_steps(
     log = StageLog()
     if steps == 0:
         return log
+    frozen = _frozen_embedding(model) if cfg.freeze_embeddings else []
+    try:
+        return _run_steps(model, train, steps, loss_fn, cfg, log, seed=seed, lr=lr, desc=desc, progress=progress,
+                          evaluate=evaluate, eval_every=eval_every, patience=patience)
+    finally:
+        for param in frozen:
+            param.requires_grad_(True)
+
+
+def _frozen_embedding(model: nn.Module) -> list[nn.Parameter]:
+    """Switch off the gradient of the token embedding's trainable parameters (``train.freeze_embeddings``);
+    returns them, to be switched back on after the stage. A tied output layer is the same tensor."""
+    embedding = model.input_embedding() if hasattr(model, "input_embedding") else None
+    if embedding is None:
+        raise ConfigError(f"train.freeze_embeddings: {type(model).__name__} has no input_embedding() to freeze")
+    frozen = [p for p in embedding.parameters() if p.requires_grad]
+    for param in frozen:
+        param.requires_grad_(False)
+    return frozen
+
+
+def _run_steps(
+    model: nn.Module,
+    train: Split,
+    steps: int,
+    loss_fn: LossFn,
+    cfg: TrainConfig,
+    log: StageLog,
+    *,
+    seed: int,
+    lr: float,
+    desc: str,
+    progress: bool,
+    evaluate: Callable[[nn.Module], float] | None,
+    eval_every: int,
+    patience: int,
+) -> StageLog:
     runtime = distributed.current()
     best_score, best_state, stale = -math.inf, None, 0
     model.to(runtime.device)  # a no-op when the pipeline already moved it

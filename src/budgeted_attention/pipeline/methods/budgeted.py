@@ -3,8 +3,12 @@ evaluated at every budget (cost: soft estimate). ``budgeted-sandwich`` is the sa
 with the sandwich rule (full model, smallest budget and random budgets every step, distilled in
 place), whatever ``train.budget_sampling`` says (``budgeted`` follows it).
 
+With ``train.gate_init: importance`` the warm-started stages start from gates ordered as the
+post-hoc ranking (computed once per seed on the validation split, shared with ``posthoc``).
+
 ``budgeted-scratch``: the budgeted stage from a random init for the same total steps (the
-paper's ablation: one budget per step, whatever ``train.budget_sampling`` says)."""
+paper's ablation: one budget per step, whatever ``train.budget_sampling`` says; its gates start
+at zero whatever ``train.gate_init`` says: a random model has no ranking to start from)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Any
 
 from budgeted_attention.pipeline.context import RunContext
 from budgeted_attention.pipeline.methods.base import Method, dense_unit, soft_rows, stopping, variant_train_config, warm_start
+from budgeted_attention.pipeline.methods.posthoc import posthoc_ranking
 from budgeted_attention.pipeline.units import Unit, UnitId
 from budgeted_attention.training.stages import train_budgeted
 
@@ -30,6 +35,8 @@ class Budgeted(Method):
     def train(self, ctx: RunContext, unit: UnitId) -> dict[str, Any]:
         dense, model, dense_steps = warm_start(ctx, unit.seed)
         train_cfg = variant_train_config(ctx.cfg, unit.variant)
+        if train_cfg.gate_init == "importance":  # the gates start ordered as the post-hoc ranking (validation split)
+            model.centre_gates(posthoc_ranking(ctx, unit.seed).admission_budgets())
         teacher = None if train_cfg.budget_sampling == "sandwich" else dense  # the sandwich distils in place
         log = train_budgeted(
             model, ctx.splits.train, train_cfg, ctx.unit_costs(model), seed=unit.seed, teacher=teacher, desc=unit.name,

@@ -32,7 +32,12 @@ class Dense(Method):
         if model.has_ffn_units:
             # DynaBERT-style reordering on the TRAINING split: groups of consecutive neurons then
             # hold neurons of similar importance, and the first groups the most important ones.
-            sort_ffn_by_importance(model, ctx.splits.train, batch_size=ctx.cfg.train.batch_size, task=ctx.task)
+            # ffn_sort_examples > 0: a seeded sample of the training split (the whole split is a full
+            # forward and backward pass, minutes for a large-vocabulary decoder).
+            sort_ffn_by_importance(
+                model, ctx.splits.train, batch_size=ctx.cfg.train.batch_size, task=ctx.task,
+                max_examples=ctx.cfg.ffn_sort_examples, seed=unit.seed,
+            )
         ctx.save(unit, model, log.steps)
         return {
             "rows": [dense_row(ctx, "dense", model, unit.seed, log.steps)], "steps_run": log.steps_run, "val_history": log.val_history,
