@@ -70,7 +70,11 @@ def dense_row(ctx: RunContext, method: str, model: GatedModel, seed: int, steps:
 
 
 def soft_rows(ctx: RunContext, method: str, model: GatedModel, seed: int, steps: int, budgets: list[float]) -> list[ResultRow]:
-    """Rows of the soft gates at each budget (cost: the soft estimate C(b), never timed)."""
+    """Rows of the soft gates at each budget (cost: the soft estimate C(b), never timed); none when
+    the config does not list ``method`` (a unit another method requires: its rows would be dropped,
+    and an evaluation of a large-vocabulary LM takes minutes)."""
+    if method not in ctx.cfg.methods:
+        return []
     costs = ctx.unit_costs(model)
     rows = []
     with torch.no_grad():
