@@ -65,6 +65,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
+QUICK_HELP = "the config's quick variant (its quick: section): a few steps on a small sample, to see the pipeline end to end, not the study's figures"
 RETIME_HELP = (
     "time every saved model of the run again (timing records cleared, trained models kept): "
     "after seeds were trained side by side or on a busy machine"
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run nothing: write results from the units already finished (a partial run, marked as such)",
     )
     experiment.add_argument("--retime", action="store_true", help=RETIME_HELP)
+    experiment.add_argument("--quick", action="store_true", help=QUICK_HELP)
 
     lm = sub.add_parser("lm", help="the experiment pipeline on a causal language model (task: lm), e.g. configs/lm_char.yaml")
     lm.add_argument("config", help="language-model YAML (task: lm, model_family: decoder are the defaults here)")
@@ -109,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     lm.add_argument("--threads", type=_positive_int, help="torch threads for training and evaluation (default: torch's, one per core); 1 when two runs share the machine")
     lm.add_argument("--finished-only", action="store_true", help="run nothing: write results from the finished units")
     lm.add_argument("--retime", action="store_true", help=RETIME_HELP)
+    lm.add_argument("--quick", action="store_true", help=QUICK_HELP)
 
     merge = sub.add_parser("merge", help="merge experiment runs that differ only in their seeds (seeds trained in separate processes)")
     merge.add_argument("parts", nargs="+", help="run directories of 'baa experiment' / 'baa lm' with the same config but other seeds")
@@ -210,6 +213,7 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     _set_threads(args)
     run_experiment(
         args.config, args.out, _runtime_overrides(args), progress=not args.no_progress, finished_only=args.finished_only, retime=args.retime,
+        quick=args.quick,
     )
     return 0
 
@@ -220,7 +224,7 @@ def _cmd_lm(args: argparse.Namespace) -> int:
     _set_threads(args)
     run_experiment(
         args.config, args.out, _runtime_overrides(args), progress=not args.no_progress, finished_only=args.finished_only, task="lm",
-        retime=args.retime,
+        retime=args.retime, quick=args.quick,
     )
     return 0
 

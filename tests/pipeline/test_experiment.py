@@ -538,3 +538,28 @@ def test_gate_init_importance_starts_the_budgeted_gates_ordered_as_the_posthoc_r
     assert Ranking.from_scores(model.unit_importance(), costs, cfg.min_one_per_layer) == Ranking.from_dict(saved)
     with pytest.raises(ConfigError, match="gate_init 'importance'.*posthoc_importance 'gradient'"):
         load_experiment_config(str(path), ["train.gate_init=importance", "posthoc_importance=leave-one-out"])
+
+
+def test_quick_merges_the_configs_quick_section_and_is_refused_without_one(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG + "quick:\n  name: tiny_quick\n  train: {dense_steps: 2}\n  bench: {rounds: 2}\n")
+    full, quick = load_experiment_config(str(path)), load_experiment_config(str(path), ["train.hard_steps=1"], quick=True)
+    assert (full.name, full.train.dense_steps, full.bench.rounds) == ("tiny", 6, 1)
+    assert (quick.name, quick.train.dense_steps, quick.bench.rounds, quick.train.hard_steps, quick.train.budgeted_steps) == ("tiny_quick", 2, 2, 1, 6)
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(CONFIG)
+    from budgeted_attention.pipeline import config_digest
+
+    assert config_digest(load_experiment_config(str(plain))) == config_digest(full)  # the quick section is no part of the config
+    with pytest.raises(ConfigError, match="no quick: section"):
+        load_experiment_config(str(plain), quick=True)
+    path.write_text(CONFIG + "quick: [1, 2]\n")
+    with pytest.raises(ConfigError, match="quick must be a mapping"):
+        load_experiment_config(str(path))
+
+
+def test_the_gemma_configs_quick_variants_parse():
+    root = Path(__file__).parents[2] / "configs"
+    short = load_experiment_config(str(root / "gemma_bbc_short.yaml"), quick=True)
+    lm = load_experiment_config(str(root / "gemma_bbc_lm.yaml"), task="lm", quick=True)
+    assert (short.name, short.train.dense_steps, lm.name, lm.lm_data.max_documents) == ("gemma_bbc_short_quick", 8, "gemma_bbc_lm_quick", 60)

@@ -160,13 +160,24 @@ def config_from_dict(data: dict[str, Any], overrides: list[str] | None = None) -
     return from_dict(ExperimentConfig, merged, "experiment")
 
 
-def load_experiment_config(path: str, overrides: list[str] | None = None, task: str | None = None) -> ExperimentConfig:
+def load_experiment_config(path: str, overrides: list[str] | None = None, task: str | None = None, quick: bool = False) -> ExperimentConfig:
     """Defaults, then the YAML file, then ``key=value`` overrides.
 
     ``task="lm"`` (``baa lm``): ``task: lm`` and ``model_family: decoder`` become the defaults, and
     a file that asks for another task is refused.
+
+    A file's ``quick:`` mapping (keys as in the file, sections nested) is the quick variant of its
+    study (``--quick``): merged over the file before the overrides; without ``quick`` it is ignored.
+    It never reaches the resolved config, so it changes no digest.
     """
     data = load_yaml(path)
+    quick_changes = data.pop("quick", None)
+    if quick_changes is not None and not isinstance(quick_changes, dict):
+        raise ConfigError(f"'{path}': quick must be a mapping of config keys, got {type(quick_changes).__name__}")
+    if quick:
+        if not quick_changes:
+            raise ConfigError(f"'{path}' has no quick: section; --quick runs a config's quick variant")
+        data = deep_merge(data, quick_changes)
     if task == "lm":
         if data.get("task", "lm") != "lm":
             raise ConfigError(f"'{path}' sets task {data['task']!r}; 'baa lm' runs language models (task: lm), use 'baa experiment' for it")

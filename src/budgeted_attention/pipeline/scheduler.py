@@ -171,12 +171,13 @@ class Experiment:
 
 def run_experiment(
     config_path: str, out_dir: str | None, overrides: list[str] | None = None, progress: bool = True, finished_only: bool = False,
-    task: str | None = None, retime: bool = False,
+    task: str | None = None, retime: bool = False, quick: bool = False,
 ) -> dict[str, Any]:
-    """``baa experiment`` / ``baa lm``: load the config and run it into ``out_dir`` (default ``runs/<name>``)."""
+    """``baa experiment`` / ``baa lm``: load the config (its quick variant with ``quick``) and run
+    it into ``out_dir`` (default ``runs/<name>``)."""
     if finished_only and retime:  # before anything is read or written
         raise ConfigError("--retime times the models again and --finished-only runs nothing: use one of them")
-    cfg = load_experiment_config(config_path, overrides, task)
+    cfg = load_experiment_config(config_path, overrides, task, quick=quick)
     return run_config(cfg, out_dir or f"runs/{cfg.name}", progress, finished_only=finished_only, retime=retime)
 
 
