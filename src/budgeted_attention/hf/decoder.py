@@ -61,6 +61,7 @@ from budgeted_attention.hf.decoder_layouts import (
 )
 from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.gates import LayerSelection, UnitGates
+from budgeted_attention.model.heads import attend_projected
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -176,16 +177,14 @@ class GatedDecoderAttention(nn.Module):
             k, v = cache.store(index, k, v, self.sliding_window)  # the cache holds the computed K/V heads only
         if expand is not None:
             k, v = k.index_select(1, expand), v.index_select(1, expand)  # GQA: each query head reads its group's K/V
-        y = F.scaled_dot_product_attention(  # no mask: causal from position 0, or one query that sees every key
-            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0, is_causal=mask is None and seq > 1, scale=self.scaling,
-        )
-        if selection.gates is not None:
-            y = y * selection.gates.to(y.dtype).view(-1, n, 1, 1)
-        y = y.transpose(1, 2).reshape(batch, seq, n * hd)
         weight = self.o_proj.weight
         if q_rows is not None:
             weight = weight[:, q_rows] if isinstance(q_rows, slice) else weight.index_select(1, q_rows)
-        return F.linear(y, weight, self.o_proj.bias)
+        out = attend_projected(  # no mask: causal from position 0, or one query that sees every key
+            q, k, v, [(None, None, weight.t())], self.o_proj.bias, gates=selection.gates, mask=mask, causal=mask is None and seq > 1,
+            scale=self.scaling, dropout=self.dropout_p if self.training else 0.0,
+        )
+        return out.view(batch, seq, -1)
 
     @torch.no_grad()
     def keep_heads(self, positions: list[int]) -> None:

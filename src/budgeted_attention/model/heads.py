@@ -1,4 +1,4 @@
-"""The one head-subset attention every module tree and lean copy runs (encoder, decoder, BERT family).
+"""The one head-subset attention every module tree and lean copy runs (encoder, decoder, BERT family, hf-decoder).
 
 Weight layout (any run of adjacent heads is a contiguous, copy-free view):
 
@@ -12,6 +12,11 @@ stored rows; a set with gaps from its rows gathered (with autograd a copy per ca
 cached per set while the weights are unchanged, or, once the cache is full, run by run of
 adjacent heads from views: re-gathering a large model's sets on every call would copy more
 weight memory than the removed heads saved).
+
+After the projections every family runs :func:`attend_projected` (SDPA, per-head gates, the output
+projection of the running heads): the layouts above through :func:`attend`, and the
+``hf-decoder`` family (separate Q/K/V projections, rotary positions, a K/V cache and grouped-query
+K/V heads, :mod:`budgeted_attention.hf.decoder`) after its own projections.
 """
 
 from __future__ import annotations
@@ -96,22 +101,53 @@ def project(x: torch.Tensor, batch: int, seq: int, rows: list[Rows], hd: int) ->
     return q, k, v
 
 
-def combine(y: torch.Tensor, rows: list[Rows], out_bias: torch.Tensor, gates: torch.Tensor | None = None) -> torch.Tensor:
+def combine(y: torch.Tensor, rows: list[Rows], out_bias: torch.Tensor | None, gates: torch.Tensor | None = None) -> torch.Tensor:
     """The output projection of per-head results ``y`` (batch, n, seq, hd), each head scaled by
-    its gate (``gates``: (n,) or per input (batch, n)); (batch * seq, d_out), bias included."""
+    its gate (``gates``: (n,) or per input (batch, n)); (batch * seq, d_out), bias included (None:
+    no bias). Only the ``out_weight_t`` of each piece of ``rows`` is read."""
     batch, n, seq, hd = y.shape
     if gates is not None:
         y = y * gates.to(y.dtype).view(-1, n, 1, 1)
     y = y.transpose(1, 2).reshape(batch * seq, n * hd)
-    if len(rows) == 1:
-        return torch.addmm(out_bias, y, rows[0][2])
     out, column = None, 0
     for _, _, out_weight_t in rows:  # columns of y in set order: piece after piece
         width = out_weight_t.shape[0]
-        part = y[:, column : column + width]
-        out = torch.addmm(out_bias, part, out_weight_t) if out is None else out.addmm_(part, out_weight_t)
+        part = y if len(rows) == 1 else y[:, column : column + width]
+        if out is not None:
+            out = out.addmm_(part, out_weight_t)
+        else:
+            out = torch.mm(part, out_weight_t) if out_bias is None else torch.addmm(out_bias, part, out_weight_t)
         column += width
     return out
+
+
+def attend_projected(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rows: list[Rows],
+    out_bias: torch.Tensor | None,
+    *,
+    gates: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """The head-subset attention after the projections, shared by every family: SDPA over the
+    running heads' queries (batch, n, seq, hd) and keys/values (batch, n, keys, hd) (a decoder
+    passes them after rotary positions, its K/V cache and the GQA expansion), each head scaled by
+    its gate, then the output projection of those heads' ``rows``; (batch * seq, d_out).
+
+    ``mask``: None or boolean, broadcastable to (batch, n, seq, keys), True where a query may
+    attend a key; ``causal``: each position attends to itself and earlier positions only (with a
+    mask, both must allow it)."""
+    seq = q.shape[2]
+    is_causal = causal and mask is None
+    if causal and mask is not None:  # keys must be both earlier (or the same position) and allowed
+        mask = mask & torch.ones(seq, k.shape[2], dtype=torch.bool, device=q.device).tril()
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, scale=scale)
+    return combine(y, rows, out_bias, gates)
 
 
 def attend(
@@ -155,11 +191,7 @@ def attend(
     q, k, v = project(x, batch, seq, rows, hd)
     if q_norm is not None:
         q, k = q_norm(q), k_norm(k)
-    is_causal = causal and mask is None
-    if causal and mask is not None:  # keys must be both earlier (or the same position) and real tokens
-        mask = mask & torch.ones(seq, seq, dtype=torch.bool, device=x.device).tril()
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, scale=scale)
-    return combine(y, rows, out_bias, gates)
+    return attend_projected(q, k, v, rows, out_bias, gates=gates, mask=mask, causal=causal, scale=scale, dropout=dropout)
 
 
 def attend_selection(
