@@ -60,6 +60,7 @@ def test_baa_lm_runs_a_transformers_decoder_and_its_pruned_checkpoint_generates(
     assert hard["speedup"] > 0
     tokenizer = json.loads((out / "tokenizer.json").read_text())  # the model's own tokenizer, kept with the run
     assert "<eod>" in tokenizer["model"]["vocab"]
+    assert "(the model's own tokens, blocks of" in (out / "results.md").read_text()
     small = baa.load(out).prune(0.5)  # as docs/getting-started.md shows
     assert small.is_pruned and small.kv_heads_per_layer() and load_model(next(out.glob("checkpoints/seed0/budgeted-hard.json")))
     ids = torch.randint(3, 40, (1, 5))

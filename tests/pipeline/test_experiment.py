@@ -536,6 +536,9 @@ def test_gate_init_importance_starts_the_budgeted_gates_ordered_as_the_posthoc_r
     model, _ = load_model(tmp_path / "run" / "checkpoints" / "seed0" / "budgeted")
     costs = model.unit_costs(experiment.context.splits.seq_len)
     assert Ranking.from_scores(model.unit_importance(), costs, cfg.min_one_per_layer) == Ranking.from_dict(saved)
+    assert model.gates.bias.abs().min() > 0 and model.ffn_gates.bias.abs().min() > 0  # centred, not the zero init
+    record = json.loads((tmp_path / "run" / "units" / "seed0" / "budgeted.json").read_text())
+    assert len(record["rows"]) == 2  # budgeted is listed: its soft rows are evaluated
     with pytest.raises(ConfigError, match="gate_init 'importance'.*posthoc_importance 'gradient'"):
         load_experiment_config(str(path), ["train.gate_init=importance", "posthoc_importance=leave-one-out"])
 
@@ -556,6 +559,29 @@ def test_quick_merges_the_configs_quick_section_and_is_refused_without_one(tmp_p
     path.write_text(CONFIG + "quick: [1, 2]\n")
     with pytest.raises(ConfigError, match="quick must be a mapping"):
         load_experiment_config(str(path))
+    path.write_text(CONFIG + "quick: {train: {dense_steps: -1}}\n")  # a bad quick: key fails the full run too
+    with pytest.raises(ConfigError, match=r"quick: .*train.dense_steps"):
+        load_experiment_config(str(path))
+    from budgeted_attention.recipes.demo import load_demo_config
+
+    path.write_text(CONFIG + "quick:\n  name: tiny_quick\n")
+    assert load_demo_config(str(path), [], quick=False).name == "tiny"  # demo --config ignores an experiment's quick variant
+
+
+def test_a_required_unit_evaluates_no_rows_of_an_unlisted_method(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG.replace("seeds: [0, 1]", "seeds: [0]"))
+    cfg = load_experiment_config(str(path), ["methods=[dense,budgeted-hard]"])
+    Experiment(cfg, tmp_path / "run", progress=False, log=lambda *_: None).run()
+    assert json.loads((tmp_path / "run" / "units" / "seed0" / "budgeted.json").read_text())["rows"] == []
+    assert {r["method"] for r in json.loads((tmp_path / "run" / "results.json").read_text())["rows"]} == {"dense", "budgeted-hard"}
+
+
+def test_freeze_embeddings_is_refused_for_a_family_trained_from_scratch(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG)
+    with pytest.raises(ConfigError, match="train.freeze_embeddings.*'encoder'"):
+        load_experiment_config(str(path), ["train.freeze_embeddings=true"])
 
 
 def test_the_gemma_configs_quick_variants_parse():

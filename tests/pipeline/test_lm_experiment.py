@@ -37,7 +37,7 @@ def test_lm_experiment_reports_loss_perplexity_and_speed(tmp_path):
     hard = [r for r in rows if r["method"] == "budgeted-hard" and r["budget"] == 0.5]
     assert hard[0]["speedup"] > 0 and hard[0]["loss_before_adaptation"] > 0
     table = (out / "results.md").read_text()
-    assert "test loss (nats)" in table and "test ppl." in table and "acc." not in table
+    assert "test loss (nats)" in table and "test ppl." in table and "acc." not in table and "char tokens, blocks of" in table
     assert "| ladder (SAN 1L) |" in table and "vs dense (nats)" in table and "Reference: the paper reports X." in table
     assert (out / "accuracy_vs_budget.png").is_file() and (out / "tokenizer.json").is_file()
     assert (out / "training_curves.png").is_file()

@@ -103,6 +103,8 @@ def check_family_names(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"method 'ladder' needs model_family {names('depth')} and a non-empty 'ladder' list of model shapes")
     if {"budgetformer", "capped-routing"} & set(cfg.methods) and (not family.supports("routing") or cfg.budget_scope != "heads"):
         raise ConfigError(f"budgetformer / capped-routing route heads per input: model_family {names('routing')} with budget_scope 'heads'")
+    if cfg.train.freeze_embeddings and not family.supports("pretrained"):
+        raise ConfigError(f"train.freeze_embeddings keeps a pretrained embedding; model_family {cfg.model_family!r} trains its own from scratch")
     if cfg.train.gate_init == "importance" and cfg.budget_scope == "all" and cfg.posthoc_importance != "gradient":
         raise ConfigError("train.gate_init 'importance' under budget_scope 'all' needs posthoc_importance 'gradient' (leave-one-out scores heads only)")
     if cfg.train.gate_forward == "straight-through" and (sandwich := [m for m in cfg.methods if m.endswith("-sandwich")]):
@@ -170,16 +172,27 @@ def load_experiment_config(path: str, overrides: list[str] | None = None, task: 
     study (``--quick``): merged over the file before the overrides; without ``quick`` it is ignored.
     It never reaches the resolved config, so it changes no digest.
     """
-    data = load_yaml(path)
-    quick_changes = data.pop("quick", None)
-    if quick_changes is not None and not isinstance(quick_changes, dict):
-        raise ConfigError(f"'{path}': quick must be a mapping of config keys, got {type(quick_changes).__name__}")
-    if quick:
-        if not quick_changes:
-            raise ConfigError(f"'{path}' has no quick: section; --quick runs a config's quick variant")
-        data = deep_merge(data, quick_changes)
+    data, quick_changes = split_quick(load_yaml(path), path)
+    if quick and not quick_changes:
+        raise ConfigError(f"'{path}' has no quick: section; --quick runs a config's quick variant")
     if task == "lm":
         if data.get("task", "lm") != "lm":
             raise ConfigError(f"'{path}' sets task {data['task']!r}; 'baa lm' runs language models (task: lm), use 'baa experiment' for it")
         data = {"task": "lm", "model_family": families_with("lm")[0], **data}  # the first LM family is the default
+    if quick_changes:
+        try:  # checked whichever variant runs, so a mistake in quick: surfaces on the full run too
+            quick_cfg = config_from_dict(deep_merge(data, quick_changes), overrides)
+        except ConfigError as exc:
+            raise ConfigError(f"'{path}' quick: {exc}") from exc
+        if quick:
+            return quick_cfg
     return config_from_dict(data, overrides)
+
+
+def split_quick(data: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the file's mapping without its ``quick:`` section, that section or None), the section checked to be a mapping."""
+    data = dict(data)
+    quick_changes = data.pop("quick", None)
+    if quick_changes is not None and not isinstance(quick_changes, dict):
+        raise ConfigError(f"'{path}': quick must be a mapping of config keys, got {type(quick_changes).__name__}")
+    return data, quick_changes

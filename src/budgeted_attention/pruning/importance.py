@@ -95,12 +95,12 @@ def ffn_neuron_importance(
     model.eval()
     modules = model.ffn_activations()
     scores = [None] * len(modules)
-    captured: list[torch.Tensor | None] = [None] * len(modules)
+    captured: list[list[torch.Tensor]] = [[] for _ in modules]
     handles = []
 
     def keep(index: int):
         def hook(_module, _inputs, output):
-            captured[index] = output
+            captured[index].append(output)
 
         return hook
 
@@ -113,9 +113,15 @@ def ffn_neuron_importance(
         for count, (ids, attn, labels) in enumerate(split.batches(batch_size)):
             if max_batches and count >= max_batches:
                 break
+            for calls in captured:
+                calls.clear()
             loss = task.loss(model(ids, attn), ids, attn, labels)
-            grads = torch.autograd.grad(loss, captured)
-            for index, (act, grad) in enumerate(zip(captured, grads)):
+            if any(len(calls) != 1 for calls in captured):  # one FFN activation per layer and forward, or the scores mean nothing
+                counts = [len(calls) for calls in captured]
+                raise RuntimeError(f"each FFN activation module must run once per forward pass; calls per layer: {counts}")
+            activations = [calls[0] for calls in captured]
+            grads = torch.autograd.grad(loss, activations)
+            for index, (act, grad) in enumerate(zip(activations, grads)):
                 contribution = (act.detach() * grad).flatten(0, -2).sum(dim=0).abs()
                 scores[index] = contribution if scores[index] is None else scores[index] + contribution
     finally:

@@ -15,6 +15,7 @@ from typing import Any
 
 from budgeted_attention.config import deep_merge, load_yaml
 from budgeted_attention.pipeline import ExperimentConfig, config_from_dict, run_config
+from budgeted_attention.pipeline.config import split_quick
 
 # The default demo (what `make demo` runs). b = 0.99 sits next to b = 1 to show there is no
 # cliff at full budget; the hard stage and the speed benchmark use the budgets below 1.
@@ -48,8 +49,8 @@ QUICK_CONFIG: dict[str, Any] = {
 def load_demo_config(path: str | None, overrides: list[str], quick: bool) -> ExperimentConfig:
     """The embedded demo (or quick) config, then the YAML file, then ``key=value`` overrides."""
     data = copy.deepcopy(QUICK_CONFIG if quick else DEMO_CONFIG)
-    if path is not None:
-        data = deep_merge(data, load_yaml(path))
+    if path is not None:  # an experiment config's quick: section is its own variant, not the demo's --quick
+        data = deep_merge(data, split_quick(load_yaml(path), path)[0])
     return config_from_dict(data, overrides)
 
 

@@ -36,7 +36,7 @@ class Budgeted(Method):
         dense, model, dense_steps = warm_start(ctx, unit.seed)
         train_cfg = variant_train_config(ctx.cfg, unit.variant)
         if train_cfg.gate_init == "importance":  # the gates start ordered as the post-hoc ranking (validation split)
-            model.centre_gates(posthoc_ranking(ctx, unit.seed).admission_budgets())
+            model.centre_gates(posthoc_ranking(ctx, unit.seed, dense).admission_budgets())
         teacher = None if train_cfg.budget_sampling == "sandwich" else dense  # the sandwich distils in place
         log = train_budgeted(
             model, ctx.splits.train, train_cfg, ctx.unit_costs(model), seed=unit.seed, teacher=teacher, desc=unit.name,

@@ -13,19 +13,22 @@ from typing import Any
 
 from budgeted_attention.errors import CheckpointError, ConfigError
 from budgeted_attention.io import write_json_atomic
+from budgeted_attention.model.family import GatedModel
 from budgeted_attention.model.gates import UnitGates
 from budgeted_attention.pipeline.context import RunContext
 from budgeted_attention.pipeline.methods.base import Method, dense_unit, hard_rows
 from budgeted_attention.pipeline.units import UNIT_DIGEST_KEY, Unit, UnitId
 from budgeted_attention.pruning.importance import leave_one_out_importance, unit_gradient_importance
 from budgeted_attention.pruning.selection import Ranking
+from budgeted_attention.training import distributed
 from budgeted_attention.training.stages import train_masked
 
 RANKING = "posthoc-ranking.json"
 
 
-def posthoc_ranking(ctx: RunContext, seed: int) -> Ranking:
-    """The dense model's units of ``seed`` ranked by importance on validation: computed once, then read back."""
+def posthoc_ranking(ctx: RunContext, seed: int, dense: GatedModel | None = None) -> Ranking:
+    """The dense model's units of ``seed`` ranked by importance on validation: computed once, then
+    read back. ``dense``: that dense model when the caller holds it (else it is loaded)."""
     path = ctx.run.unit_dir(seed) / RANKING
     if path.exists():
         try:
@@ -35,7 +38,9 @@ def posthoc_ranking(ctx: RunContext, seed: int) -> Ranking:
             raise CheckpointError(f"post-hoc ranking '{path}' is malformed ({exc}); delete it to recompute") from exc
         ctx.check_unit_digest(path, saved)
         return ranking
-    dense, _ = ctx.load(dense_unit(seed))
+    if dense is None:
+        dense, _ = ctx.load(dense_unit(seed))
+    dense.to(distributed.current().device)  # where the splits are (the training device)
     # Importance on the validation split (never test), as in Michel et al. (2019).
     if ctx.cfg.posthoc_importance == "gradient":
         scores = unit_gradient_importance(dense, ctx.splits.val, task=ctx.task)
