@@ -270,3 +270,17 @@ def test_a_folder_without_results_is_refused_saying_what_is_missing(tmp_path):
         load_run(tmp_path)
     with pytest.raises(RunDirError, match=f"run directory not found: '{tmp_path / 'missing'}'"):
         load_run(tmp_path / "missing")
+
+
+def test_a_second_page_never_takes_over_the_figures_another_page_shows(tmp_path):
+    first = make_old_demo_run(tmp_path)
+    second = make_old_demo_run(tmp_path / "elsewhere")  # another run directory named demo
+    lab = tmp_path / "docs" / "lab"
+    write_report([first], lab / "a.md", command="baa report runs/demo --out docs/lab/a.md")
+    before = (lab / "figures" / "demo_speedup.png").read_bytes()
+    write_report([first], lab / "a.md", command="baa report runs/demo --out docs/lab/a.md")  # the same page again: fine
+    with pytest.raises(Exception, match=r"demo_\w+.png' is shown by '.*a.md': give this report its own --figures-dir"):
+        write_report([second], lab / "b.md", command="baa report elsewhere/runs/demo --out docs/lab/b.md")
+    assert not (lab / "b.md").exists() and (lab / "figures" / "demo_speedup.png").read_bytes() == before
+    write_report([second], lab / "b.md", figures_dir=lab / "figures" / "b", command="x")  # its own folder: written
+    assert (lab / "figures" / "b" / "demo_speedup.png").is_file()

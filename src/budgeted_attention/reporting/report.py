@@ -305,6 +305,8 @@ def build_report(
         if run["name"] in seen and figures_dir is not None and run["figures"]:
             raise ReportError(f"two run directories named '{run['name']}' ('{seen[run['name']]}' and '{run['path']}'): their figures would overwrite each other")
         seen[run["name"]] = run["path"]
+    if figures_dir is not None and out is not None:
+        _refuse_figures_of_other_pages(runs, figures_dir, out)
     header = [
         f"# {title}",
         "",
@@ -318,6 +320,22 @@ def build_report(
     ]
     sections = [run_section(run, figures_dir=figures_dir, out=out) for run in runs]
     return "\n".join(header) + "\n\n" + "\n".join(sections)
+
+
+def _refuse_figures_of_other_pages(runs: list[dict[str, Any]], figures_dir: Path, out: Path) -> None:
+    """Refuse to copy a figure over one that another Markdown page beside ``out`` shows: two pages
+    of run directories with the same name would otherwise silently share (and swap) figures."""
+    pages = [page for page in sorted(out.parent.glob("*.md")) if page.resolve() != out.resolve()]
+    if not pages:
+        return
+    texts = {page: page.read_text(encoding="utf-8", errors="replace") for page in pages}
+    for run in runs:
+        for figure in run["figures"]:
+            target = figures_dir / (_safe_name(run["name"]) + "_" + figure.name)
+            link = "](" + _relative_link(target, out) + ")"
+            for page, text in texts.items():
+                if link in text:
+                    raise ReportError(f"figure '{target}' is shown by '{page}': give this report its own --figures-dir (run directory '{run['path']}')")
 
 
 def _anchor(heading: str) -> str:
