@@ -42,14 +42,29 @@ def posthoc_ranking(ctx: RunContext, seed: int, dense: GatedModel | None = None)
         dense, _ = ctx.load(dense_unit(seed))
     dense.to(distributed.current().device)  # where the splits are (the training device)
     # Importance on the validation split (never test), as in Michel et al. (2019).
+    batch = _importance_batch(ctx, dense)
     if ctx.cfg.posthoc_importance == "gradient":
-        scores = unit_gradient_importance(dense, ctx.splits.val, task=ctx.task)
+        scores = unit_gradient_importance(dense, ctx.splits.val, batch_size=batch, task=ctx.task)
     else:
-        scores = UnitGates(leave_one_out_importance(dense, ctx.splits.val, dense.n_layers, dense.n_heads, task=ctx.task), None)
+        scores = UnitGates(leave_one_out_importance(dense, ctx.splits.val, dense.n_layers, dense.n_heads, batch_size=2 * batch, task=ctx.task), None)
     ranking = ctx.rank(dense, scores)
     saved = {"heads": scores.heads.tolist(), **({"ffn": scores.ffn.tolist()} if scores.ffn is not None else {})}
     write_json_atomic(path, {**ranking.to_dict(), "scores": saved, "importance": ctx.cfg.posthoc_importance, UNIT_DIGEST_KEY: ctx.unit_digest})
     return ranking
+
+
+# Logit elements (batch x seq x vocabulary) one importance batch may hold: 2^26 floats, 256 MiB.
+_LOGIT_ELEMENTS = 1 << 26
+
+
+def _importance_batch(ctx: RunContext, dense: GatedModel) -> int:
+    """Examples per importance batch: 128, fewer for a language model whose logits would not fit
+    (Gemma 3's 262,144-token vocabulary: 4 blocks of 64 tokens, where 128 would need 8.6 GB for the
+    logits alone, and as much again for their gradient). The score sums |gradient| per batch, so
+    the batch is part of the ranking: it stays 128 wherever that fits."""
+    if ctx.task.kind != "lm":
+        return 128
+    return max(1, min(128, _LOGIT_ELEMENTS // (ctx.splits.seq_len * dense.vocab_size)))
 
 
 class Posthoc(Method):
