@@ -4,7 +4,10 @@ token blocks, sealed test split."""
 import pytest
 
 from budgeted_attention.data.dataset import TestSplitSealedError
-from budgeted_attention.data.lm import EOD, LMDataConfig, make_lm_splits, split_documents, train_lm_tokenizer
+from budgeted_attention.data.lm import (
+    EOD, LMDataConfig, PretrainedLMTokenizer, leading_special_ids, make_lm_splits, split_documents, token_blocks, train_lm_tokenizer,
+)
+from budgeted_attention.errors import DataError
 from budgeted_attention.data.sources import BBC_CLASSES
 from budgeted_attention.errors import ConfigError
 
@@ -42,6 +45,34 @@ def test_blocks_and_sealed_test_split(corpus, tmp_path, kind):
         _ = splits.test.input_ids
     with splits.final_evaluation() as test:
         assert test.input_ids.shape[1] == 16
+
+
+def _with_bos(backend):
+    """``backend`` with a post-processor that puts a BOS before every text, as Gemma's and Llama's do."""
+    from tokenizers import processors
+
+    backend.add_special_tokens(["<bos>"])
+    bos = backend.token_to_id("<bos>")
+    backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
+    return backend, bos
+
+
+def test_a_pretrained_tokenizers_bos_starts_every_block_and_is_never_a_target(corpus, tmp_path):
+    docs = [f"article {i} " * 5 for i in range(12)]
+    plain = train_lm_tokenizer(docs, "char", 260)
+    assert leading_special_ids(plain) == ()  # our own tokenizers add nothing
+    backend, bos = _with_bos(train_lm_tokenizer(docs, "char", 260))
+    assert leading_special_ids(backend) == (bos,)
+    blocks = token_blocks(backend, docs, 8, backend.token_to_id(EOD), (bos,)).input_ids
+    assert blocks.shape[1] == 8 and bool((blocks[:, 0] == bos).all()) and not bool((blocks[:, 1:] == bos).any())
+    # the stream continues across blocks: 7 text tokens per block, none dropped between them
+    stream = token_blocks(backend, docs, 7, backend.token_to_id(EOD)).input_ids.flatten()
+    assert blocks[:, 1:].flatten().tolist() == stream[: blocks.shape[0] * 7].tolist()
+    cfg = LMDataConfig(seq_len=8, val_fraction=0.2, test_fraction=0.2)
+    splits = make_lm_splits(cfg, root=corpus, pretrained=PretrainedLMTokenizer(backend, backend.token_to_id(EOD), 0, (bos,)))
+    assert bool((splits.train.input_ids[:, 0] == bos).all())
+    with pytest.raises(DataError, match="data.seq_len = 1 leaves no text"):
+        token_blocks(backend, docs, 1, prefix=(bos,))
 
 
 def test_char_tokenizer_learns_only_training_characters():

@@ -132,7 +132,7 @@ class HFDecoderBuilder:
         self.ffn_group_size = ffn_group_size
 
     def pretrained_tokenizer(self):
-        from budgeted_attention.data.lm import PretrainedLMTokenizer  # noqa: PLC0415 - the LM data module is only needed by this family's LM task
+        from budgeted_attention.data.lm import PretrainedLMTokenizer, leading_special_ids  # noqa: PLC0415 - the LM data module is only needed by this family's LM task
         from budgeted_attention.hf.decoder_layouts import check_tokenizer, load_tokenizer  # noqa: PLC0415 - needs transformers (the hf extra): loaded with the hf-decoder family only
 
         tokenizer = load_tokenizer(self.path, gguf_file=self.gguf_file)
@@ -140,7 +140,8 @@ class HFDecoderBuilder:
         if tokenizer.eos_token_id is None:
             raise ConfigError(f"the tokenizer of '{self.path}' has no end-of-sequence token to end documents with")
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        return PretrainedLMTokenizer(tokenizer.backend_tokenizer, int(tokenizer.eos_token_id), int(pad_id))
+        backend = tokenizer.backend_tokenizer
+        return PretrainedLMTokenizer(backend, int(tokenizer.eos_token_id), int(pad_id), leading_special_ids(backend))
 
     def prepare(self, splits: TensorSplits, bench_seq_lens: list[int]) -> None:
         check_max_len(self.max_len, splits.seq_len, bench_seq_lens, f"the positions of '{self.path}'")
