@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     models = {1.0: model, **{b: prune_to_budget(copy.deepcopy(model), ranking, b) for b in budgets}}
     reference = unmodified_reference(model)
     # real BBC News tokens as prompts: validation, then training blocks after the calibration ones (the test split stays sealed)
-    text = torch.cat([splits.val.input_ids.flatten(), splits.train.input_ids[n:].flatten()])
+    body = len(tokenizer.prefix)  # each block's leading BOS left out: prompts are running text
+    text = torch.cat([splits.val.input_ids[:, body:].flatten(), splits.train.input_ids[n:, body:].flatten()])
     rows: list[dict] = []
     fixed_share = {}
 
