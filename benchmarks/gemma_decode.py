@@ -157,16 +157,18 @@ def main(argv: list[str] | None = None) -> int:
 
     models = {1.0: model, **{b: prune_to_budget(copy.deepcopy(model), ranking, b) for b in budgets}}
     reference = unmodified_reference(model)
-    # real BBC News tokens as prompts: validation, then training blocks after the calibration ones (the test split stays sealed)
-    body = len(tokenizer.prefix)  # each block's leading BOS left out: prompts are running text
-    text = torch.cat([splits.val.input_ids[:, body:].flatten(), splits.train.input_ids[n:, body:].flatten()])
+    # real BBC News tokens as prompts: validation, then training blocks after the calibration ones
+    # (the test split stays sealed); each prompt is the tokenizer's BOS and then running text
+    prefix = torch.tensor(tokenizer.prefix, dtype=torch.long)
+    text = torch.cat([splits.val.input_ids[:, len(prefix) :].flatten(), splits.train.input_ids[n:, len(prefix) :].flatten()])
     rows: list[dict] = []
     fixed_share = {}
 
     def ids(batch: int, seq: int) -> torch.Tensor:
-        if batch * seq > len(text):
-            raise SystemExit(f"need {batch * seq} prompt tokens, the held-out documents have {len(text)}")
-        return text[: batch * seq].view(batch, seq).clone()
+        body = seq - len(prefix)
+        if batch * body > len(text):
+            raise SystemExit(f"need {batch * body} prompt tokens, the held-out documents have {len(text)}")
+        return torch.cat([prefix.expand(batch, len(prefix)), text[: batch * body].view(batch, body)], dim=1)
 
     for seq in [int(s) for s in args.prefill_lens.split(",") if s]:
         prompt = ids(1, seq)

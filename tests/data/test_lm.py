@@ -7,9 +7,8 @@ from budgeted_attention.data.dataset import TestSplitSealedError
 from budgeted_attention.data.lm import (
     EOD, LMDataConfig, PretrainedLMTokenizer, leading_special_ids, make_lm_splits, split_documents, token_blocks, train_lm_tokenizer,
 )
-from budgeted_attention.errors import DataError
 from budgeted_attention.data.sources import BBC_CLASSES
-from budgeted_attention.errors import ConfigError
+from budgeted_attention.errors import ConfigError, DataError
 
 
 @pytest.fixture
@@ -57,7 +56,7 @@ def _with_bos(backend):
     return backend, bos
 
 
-def test_a_pretrained_tokenizers_bos_starts_every_block_and_is_never_a_target(corpus, tmp_path):
+def test_a_pretrained_tokenizers_bos_starts_every_block_and_is_never_a_target(corpus):
     docs = [f"article {i} " * 5 for i in range(12)]
     plain = train_lm_tokenizer(docs, "char", 260)
     assert leading_special_ids(plain) == ()  # our own tokenizers add nothing

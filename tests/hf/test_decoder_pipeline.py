@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from budgeted_attention.checkpoint import load_model  # noqa: E402
 from budgeted_attention.cli import main  # noqa: E402
-from budgeted_attention.data.lm import load_documents, train_lm_tokenizer, LMDataConfig  # noqa: E402
+from budgeted_attention.data.lm import LMDataConfig, load_documents, make_lm_splits, train_lm_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +76,41 @@ def test_a_missing_checkpoint_fails_before_any_work(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nowhere" in err and "Traceback" not in err
     assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_a_tokenizer_that_adds_a_bos_starts_every_lm_block_with_it(tmp_path):
+    """As Gemma's and Llama's tokenizers do; the tiny folder above adds none (its blocks are bare)."""
+    from tokenizers import processors
+
+    from budgeted_attention.model.config import ModelConfig
+    from budgeted_attention.pipeline.builders import HFDecoderBuilder, PretrainedConfig
+
+    backend = train_lm_tokenizer(load_documents(LMDataConfig(max_documents=40)), "char", 260)
+    backend.add_special_tokens(["<bos>"])
+    bos = backend.token_to_id("<bos>")
+    backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<bos>", eos_token="<eod>", pad_token="<pad>", unk_token="<unk>",
+    )
+    tokenizer.save_pretrained(tmp_path)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=32, max_position_embeddings=64, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    lm_tokenizer = HFDecoderBuilder(ModelConfig(), PretrainedConfig(str(tmp_path))).pretrained_tokenizer()
+    assert lm_tokenizer.prefix == (bos,)
+    splits = make_lm_splits(LMDataConfig(seq_len=16, max_documents=24), pretrained=lm_tokenizer)
+    assert bool((splits.train.input_ids[:, 0] == bos).all()) and not bool((splits.train.input_ids[:, 1:] == bos).any())
+
+
+def test_lm_runs_of_pretrained_decoders_are_stamped_with_their_block_format(tiny_folder, monkeypatch):
+    """A run directory made while the blocks started bare has another digest: refused, not resumed on other data."""
+    from budgeted_attention.pipeline import config_digest, config_from_dict, unit_config_digest
+    from budgeted_attention.pipeline import config as config_module
+
+    cfg = config_from_dict(_config(tiny_folder))
+    stamped = config_digest(cfg), unit_config_digest(cfg)
+    monkeypatch.setattr(config_module, "families_with", lambda capability: ())  # the digest as before the BOS blocks
+    bare = config_digest(cfg), unit_config_digest(cfg)
+    assert stamped[0] != bare[0] and stamped[1] != bare[1]

@@ -20,6 +20,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from budgeted_attention.data.lm import leading_special_ids  # noqa: E402
 from budgeted_attention.hf.decoder import GatedDecoderLM  # noqa: E402
 from budgeted_attention.hf.decoder_layouts import check_tokenizer, load_causal_lm, load_tokenizer  # noqa: E402
 from budgeted_attention.model.gates import UnitGates  # noqa: E402
@@ -153,3 +154,5 @@ def test_real_gemma_tokenizer_matches_its_weights(gemma):
     words = [tokenizer.decode([t]).strip() for t in top]
     print(f"\nreal Gemma: 'The capital of France is' -> {words}", file=sys.stderr)
     assert "Paris" in words
+    # its LM blocks start with its BOS, as every text it saw in pre-training
+    assert leading_special_ids(tokenizer.backend_tokenizer) == (tokenizer.bos_token_id,) == (2,)

@@ -115,14 +115,15 @@ class PretrainedLMTokenizer:
 
 
 def leading_special_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
-    """The ids ``tokenizer`` puts before a text when it adds its special tokens (its BOS), read
-    off its own post-processor: the encoding of a short text with and without them."""
+    """The ids ``tokenizer`` (unpadded, untruncated) puts before a text when it adds its special
+    tokens (its BOS), read off its own post-processor: the encoding of a short text with and
+    without them. A tokenizer whose two encodings do not line up is a :class:`DataError`."""
     plain = tokenizer.encode("a", add_special_tokens=False).ids
     full = tokenizer.encode("a", add_special_tokens=True).ids
     for start in range(len(full) - len(plain) + 1):
-        if full[start : start + len(plain)] == plain:
+        if plain and full[start : start + len(plain)] == plain:
             return tuple(full[:start])
-    return ()
+    raise DataError(f"cannot tell the tokenizer's leading special tokens: 'a' encodes to {plain} bare and {full} with them")
 
 
 def token_blocks(
@@ -141,7 +142,8 @@ def token_blocks(
         stream += encoding.ids + [eod]
     n_blocks = len(stream) // body
     if n_blocks == 0:
-        raise DataError(f"{len(stream)} tokens are fewer than one block of data.seq_len = {seq_len}")
+        after = f" ({body} after the tokenizer's leading special tokens)" if prefix else ""
+        raise DataError(f"{len(stream)} tokens are fewer than one block of data.seq_len = {seq_len}{after}")
     ids = torch.tensor(stream[: n_blocks * body], dtype=torch.long).view(n_blocks, body)
     if prefix:
         ids = torch.cat([torch.tensor(prefix, dtype=torch.long).expand(n_blocks, len(prefix)), ids], dim=1)

@@ -141,6 +141,8 @@ class HFDecoderBuilder:
             raise ConfigError(f"the tokenizer of '{self.path}' has no end-of-sequence token to end documents with")
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         backend = tokenizer.backend_tokenizer
+        backend.no_truncation()  # LM blocks are cut from one stream: whole documents, unpadded
+        backend.no_padding()
         return PretrainedLMTokenizer(backend, int(tokenizer.eos_token_id), int(pad_id), leading_special_ids(backend))
 
     def prepare(self, splits: TensorSplits, bench_seq_lens: list[int]) -> None:

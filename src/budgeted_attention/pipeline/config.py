@@ -141,8 +141,13 @@ def unit_config_digest(cfg: ExperimentConfig) -> str:
 
 
 def _digest_of(data: dict[str, Any]) -> str:
-    """SHA-256 of a resolved config mapping, without the training device and the later keys at their defaults."""
+    """SHA-256 of a resolved config mapping, without the training device and the later keys at
+    their defaults, and with the data format of a pretrained decoder's LM blocks."""
     data["train"].pop("device", None)  # where a run trains is not what it computes: resumable anywhere
+    if data.get("task") == "lm" and data.get("model_family") in families_with("pretrained"):
+        # Its blocks start with the tokenizer's BOS; a run directory made while they started bare
+        # has another digest, so it is refused instead of resumed on other data.
+        data["lm_blocks"] = "tokenizer-prefix"
     for path, default in _LATER_KEYS.items():
         parent = data
         for key in path[:-1]:
