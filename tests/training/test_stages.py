@@ -61,6 +61,20 @@ def test_hard_stage_trains_only_through_the_mask():
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_hard_stage_samples_from_hard_budget_min(monkeypatch):
+    splits, model = _setup()
+    ranking = Ranking.from_scores(UnitGates(torch.tensor([[1.0, 0.0], [0.0, 1.0]])))
+    asked = []
+    masks = Ranking.masks
+    monkeypatch.setattr(Ranking, "masks", lambda self, budget: asked.append(budget) or masks(self, budget))
+    tc = TrainConfig(hard_steps=30, batch_size=16, budget_min=0.1, hard_budget_min=0.6, full_budget_prob=0.0)
+    train_hard(model, splits.train, tc, ranking, seed=0, progress=False)
+    assert len(asked) >= 20 and min(asked) >= 0.6  # budget_min governs the soft stage only
+    asked.clear()
+    train_hard(model, splits.train, TrainConfig(hard_steps=30, batch_size=16, budget_min=0.1, full_budget_prob=0.0), ranking, seed=0, progress=False)
+    assert min(asked) < 0.6  # unset: the hard stage samples from budget_min as before
+
+
 def test_hard_stage_freezes_gates_so_the_stored_ranking_stays_true():
     splits, model = _setup()
     with torch.no_grad():

@@ -41,6 +41,8 @@ from budgeted_attention.training.config import TrainConfig
         ("gate_forward", "hard"),
         ("freeze_embeddings", "yes"),
         ("gate_init", "random"),
+        ("hard_budget_min", 0.0),
+        ("hard_budget_min", 1.5),
     ],
 )
 def test_bad_value_is_named(key, value):

@@ -123,7 +123,7 @@ _LATER_KEYS = {
     ("train", "bf16"): False, ("bench", "onnx"): False, ("bench", "device"): "cpu", ("bench", "compile"): False,
     ("bench", "cuda_graphs"): False, ("train", "early_stop_budgeted"): False, ("bench", "int8"): False,
     ("train", "gate_forward"): "soft", ("train", "freeze_embeddings"): False,
-    ("train", "gate_init"): "zeros", ("ffn_sort_examples",): 0,
+    ("train", "gate_init"): "zeros", ("ffn_sort_examples",): 0, ("train", "hard_budget_min"): None,
 }
 
 def config_digest(cfg: ExperimentConfig) -> str:

@@ -53,11 +53,16 @@ class TrainConfig:
     optimiser state. For a pretrained decoder whose vocabulary dominates its parameters (Gemma 3
     270M: 168 M of 270 M) this removes the embedding's weight gradient, its AdamW moments and its
     update from every step.
+    ``hard_budget_min``: the lowest budget the hard stage samples (default: ``budget_min``). The
+    hard stage trains the sub-models of the sampled budgets in turn with shared weights; steps at
+    budgets whose sub-model is still broken can cost the middle budgets more than they gain (on
+    Gemma 3 270M, bbc-short: docs/method.md), so the hard stage may start higher than the soft one.
 
     Valid values (checked on construction, ``ConfigError`` naming ``train.<key>``): batch sizes
     >= 1; step counts >= 0; learning rates and ``distill_temperature`` finite > 0; ``weight_decay``,
     ``grad_clip`` (0 = no clipping) and the loss weights finite >= 0; ``warmup_frac`` in [0, 1);
-    ``overshoot_margin`` finite; 0 < ``budget_min`` <= ``budget_max`` <= 1.
+    ``overshoot_margin`` finite; 0 < ``budget_min`` <= ``budget_max`` <= 1; 0 < ``hard_budget_min``
+    <= ``budget_max`` (or null).
     """
 
     batch_size: int = 64
@@ -89,6 +94,7 @@ class TrainConfig:
     gate_forward: str = "soft"
     gate_init: str = "zeros"
     freeze_embeddings: bool = False
+    hard_budget_min: float | None = None
     sandwich_random: int = 2
     device: str = "auto"
     bf16: bool = False
@@ -109,6 +115,8 @@ class TrainConfig:
         self.overshoot_margin = check_float(self.overshoot_margin, "train.overshoot_margin")
         self.budget_min = check_float(self.budget_min, "train.budget_min", gt=0.0, le=1.0)
         self.budget_max = check_float(self.budget_max, "train.budget_max", gt=0.0, le=1.0)
+        if self.hard_budget_min is not None:
+            self.hard_budget_min = check_float(self.hard_budget_min, "train.hard_budget_min", gt=0.0, le=self.budget_max)
         self.full_budget_prob = check_float(self.full_budget_prob, "train.full_budget_prob", ge=0.0, le=1.0)
         check_int(self.early_stopping_patience, "train.early_stopping_patience", ge=0)
         check_int(self.eval_every, "train.eval_every", ge=1)

@@ -482,8 +482,8 @@ def train_hard(
 ) -> StageLog:
     """Stage 3: hard-gate adaptation with soft-model distillation; the gates are frozen.
 
-    Each step samples a budget (``budgets`` = (min, max), default the config's range, plus b = 1
-    with ``cfg.full_budget_prob``), runs exactly the ranking's kept heads for it (hard 0/1 mask)
+    Each step samples a budget (``budgets`` = (min, max), default (``cfg.hard_budget_min`` or
+    ``cfg.budget_min``, ``cfg.budget_max``), plus b = 1 with ``cfg.full_budget_prob``), runs exactly the ranking's kept heads for it (hard 0/1 mask)
     and distils from the soft budgeted model at the same budget. ``ranking`` is fixed and the
     gates do not move, so the ranking derived from the saved gates is the stored one.
 
@@ -500,7 +500,8 @@ def train_hard(
         teacher = copy.deepcopy(model).eval().to(distributed.current().device)
         for param in teacher.parameters():
             param.requires_grad_(False)
-    low, high = budgets if budgets is not None else (cfg.budget_min, cfg.budget_max)
+    hard_min = cfg.budget_min if cfg.hard_budget_min is None else cfg.hard_budget_min
+    low, high = budgets if budgets is not None else (hard_min, cfg.budget_max)
     stage_cfg = dataclasses.replace(cfg, budget_min=low, budget_max=high)
     masks: dict[float, UnitGates] = {}
 
