@@ -82,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     write_json_atomic(args.out / "hard_stage_ranges.json", record)
     scale = 100.0 if metric == "accuracy" else 1.0
     head = "| hard stage budgets | steps | " + " | ".join(f"val. {metric} b = {b:g}" for b in cfg.budgets) + " |"
+    env = record["environment"]
+    machine = f"{env.get('processor') or 'unknown CPU'}, {env.get('cpu_count')} CPUs, {args.threads} thread(s), commit {str(env.get('commit'))[:12]}"
     lines = [f"# Hard stage budget ranges: `{args.run}` (seed {seed})", "", f"Command: `{' '.join(record['command'])}`", "",
+             f"Machine: {machine}{' (uncommitted changes)' if env.get('dirty') else ''}; validation split only.", "",
              head, "|---|---:|" + "---:|" * len(cfg.budgets)]
     for row in rows:
         lines.append(f"| {row['range']} | {row['steps']} | " + " | ".join(f"{row['val'][f'{b:g}'] * scale:.2f}" for b in cfg.budgets) + " |")
