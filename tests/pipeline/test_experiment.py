@@ -421,7 +421,7 @@ def test_digest_of_configs_from_before_the_new_keys_is_unchanged(tmp_path):
     for key in ("budget_scope", "ffn_group_size", "reference_seq_len", "ladder", "task", "lm_data", "notes", "router", "ffn_sort_examples"):
         del old[key]
     del old["synthetic"]["mixed_markers"]
-    for key in ("budget_sampling", "sandwich_random", "device", "bf16", "early_stop_budgeted", "gate_forward", "freeze_embeddings", "gate_init"):
+    for key in ("budget_sampling", "sandwich_random", "device", "bf16", "early_stop_budgeted", "gate_forward", "freeze_embeddings", "gate_init", "hard_budget_min"):
         del old["train"][key]
     for key in ("onnx", "int8", "device", "compile", "cuda_graphs"):
         del old["bench"][key]
