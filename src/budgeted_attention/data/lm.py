@@ -5,8 +5,8 @@ and fixed-length token blocks.
 Each split is the concatenation of its documents, each followed by an end-of-document token,
 cut into non-overlapping blocks of ``seq_len`` tokens (the remainder is dropped). A pretrained
 decoder's blocks each start with the tokens its tokenizer puts before every text (its BOS), as
-the model saw in pre-training: Gemma 3 270M without its BOS is off its training distribution
-(about 6.4 nats per token on BBC News test text against 3.3 with it). Blocks are
+the model saw in pre-training (Gemma without its BOS is far off its training distribution).
+Blocks are
 stored as a :class:`~budgeted_attention.data.dataset.Split` (``attention_mask`` all ones,
 ``labels`` unused zeros), so batching, shuffling and the sealed test split are shared with the
 classification data.
