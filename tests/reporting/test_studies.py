@@ -335,3 +335,43 @@ def test_a_bad_archive_folder_is_named(tmp_path, value):
     path.write_text(yaml.safe_dump({"archive": value, **yaml.safe_load(path.read_text())}))
     with pytest.raises(ReportError, match="'archive' is a folder relative to the studies file"):
         write_studies_report(path, tmp_path / "docs" / "results.md", command=COMMAND)
+
+
+def test_a_study_measured_before_the_archive_keeps_its_section_until_it_runs_again(tmp_path):
+    """A study the report cannot read (no run directory, nothing archived) keeps its measured section
+    of the page it replaces, its README rows, figure and replication rows, under a note naming the
+    command that measures it again; a study never measured stays one line; a new run replaces the kept one."""
+    studies = _studies(tmp_path)
+    (_run(tmp_path, "demo", _sweep_rows()) / "accuracy_vs_speedup.png").write_bytes(b"\x89PNG")
+    _run(tmp_path, "demo_other", _sweep_rows(), processor="AMD EPYC")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Project\n{BEGIN}\n{END}\n")
+    out = tmp_path / "docs" / "results.md"
+    write_studies_report(studies, out, readme=readme, command=COMMAND)
+    first, first_readme = out.read_text(), readme.read_text()
+    figure = tmp_path / "docs" / "figures" / "demo_accuracy_vs_speedup.png"
+    assert figure.is_file() and "`runs/demo_other`" in _section(first, "Replication")
+
+    shutil.rmtree(tmp_path / "runs")  # the machine changed: the run directories are gone, none archived
+    write_studies_report(studies, out, readme=readme, command=COMMAND)
+    kept = out.read_text()
+    demo = _section(kept, "demo")
+    assert "*Kept from this page's previous generation" in demo and "`make study-demo` measures it anew" in demo
+    assert demo.replace("*Kept from this page's previous generation: this study's run directories are not on this machine and were "
+                        "not archived, so the table below could not be read again. `make study-demo` measures it anew.*\n\n", "") == _section(first, "demo")
+    assert _section(kept, "lm").strip().endswith("not run here: `make study-lm`")  # never measured: still one line
+    assert _section(kept, "Replication") == _section(first, "Replication") and figure.is_file()
+    assert readme.read_text() == first_readme  # the demo row is the measured one, not "not run here"
+
+    write_studies_report(studies, out, readme=readme, command=COMMAND)  # kept again: one note, same page
+    assert out.read_text() == kept
+
+    _run(tmp_path, "demo", _sweep_rows(drop=0.05))  # measured again: the new table replaces the kept one
+    write_studies_report(studies, out, readme=readme, command=COMMAND)
+    fresh = _section(out.read_text(), "demo")
+    assert "Kept from" not in fresh and "| budgeted-hard | 0.50 | 2 | 84.50" in fresh and not figure.exists()
+    assert "acc. % 84.50" in _study_line(readme.read_text(), "demo")
+
+
+def _study_line(readme: str, name: str) -> str:
+    return next(line for line in readme.splitlines() if line.startswith(f"| [{name}]("))
