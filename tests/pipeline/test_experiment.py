@@ -418,7 +418,7 @@ def test_digest_of_configs_from_before_the_new_keys_is_unchanged(tmp_path):
     path.write_text(CONFIG)
     cfg = load_experiment_config(str(path))
     old = to_dict(cfg)
-    for key in ("budget_scope", "ffn_group_size", "reference_seq_len", "ladder", "task", "lm_data", "notes", "router", "ffn_sort_examples"):
+    for key in ("budget_scope", "ffn_group_size", "reference_seq_len", "ladder", "task", "lm_data", "notes", "router", "ffn_sort_examples", "head_cost_weight"):
         del old[key]
     del old["synthetic"]["mixed_markers"]
     for key in ("budget_sampling", "sandwich_random", "device", "bf16", "early_stop_budgeted", "gate_forward", "freeze_embeddings", "gate_init", "hard_budget_min"):
@@ -589,3 +589,39 @@ def test_the_gemma_configs_quick_variants_parse():
     short = load_experiment_config(str(root / "gemma_bbc_short.yaml"), quick=True)
     lm = load_experiment_config(str(root / "gemma_bbc_lm.yaml"), task="lm", quick=True)
     assert (short.name, short.train.dense_steps, lm.name, lm.lm_data.max_documents) == ("gemma_bbc_short_quick", 8, "gemma_bbc_lm_quick", 60)
+
+
+def test_head_cost_weight_makes_heads_dearer_in_the_budget_and_is_validated(tmp_path):
+    """head_cost_weight w: each head costs w times its FLOPs against the FFN groups, in the budget
+    penalty and in the ranking (which records the weighted costs), so one order of units fits a
+    budget with a shorter prefix; the digest of a config without the key is unchanged; bad values
+    and a weight under budget_scope heads are refused."""
+    import torch
+
+    from budgeted_attention.model.gates import UnitGates
+    from budgeted_attention.pipeline import config_digest
+
+    path = tmp_path / "all.yaml"
+    path.write_text(CONFIG.replace("name: tiny", "name: tiny-all\nbudget_scope: all\nffn_group_size: 8"))
+    plain = load_experiment_config(str(path))
+    weighted = load_experiment_config(str(path), ["head_cost_weight=3"])
+    assert config_digest(load_experiment_config(str(path), ["head_cost_weight=1.0"])) == config_digest(plain) != config_digest(weighted)
+    units_kept = {}
+    for cfg in (plain, weighted):
+        experiment = Experiment(cfg, tmp_path / f"r{cfg.head_cost_weight}", progress=False, log=lambda *_: None)
+        ctx = experiment.context
+        model = ctx.builder.create()
+        flops, costs = model.unit_costs(ctx.splits.seq_len), ctx.unit_costs(model)
+        assert torch.equal(costs.heads, flops.heads * cfg.head_cost_weight) and torch.equal(costs.ffn, flops.ffn)
+        scores = torch.Generator().manual_seed(0)
+        ranking = ctx.rank(model, UnitGates(torch.rand(flops.heads.shape, generator=scores), torch.rand(flops.ffn.shape, generator=scores)))
+        assert ranking.head_cost == float(costs.heads.flatten()[0])
+        units_kept[cfg.head_cost_weight] = [ranking.count_for_budget(b) for b in (0.3, 0.5, 0.7, 0.9)]
+    assert all(w <= p for w, p in zip(units_kept[3], units_kept[1.0])) and units_kept[3] != units_kept[1.0], units_kept
+    for bad in ("0", "-1", "nan", "inf", "true", "fast"):
+        with pytest.raises(ConfigError, match="head_cost_weight"):
+            load_experiment_config(str(path), [f"head_cost_weight={bad}"])
+    plain_path = tmp_path / "heads.yaml"
+    plain_path.write_text(CONFIG)
+    with pytest.raises(ConfigError, match="head_cost_weight 2.0 .* budget_scope 'all'"):
+        load_experiment_config(str(plain_path), ["head_cost_weight=2.0"])

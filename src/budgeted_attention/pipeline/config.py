@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ class ExperimentConfig:
     budget_scope: str = "heads"
     ffn_group_size: int = 64
     ffn_sort_examples: int = 0
+    head_cost_weight: float = 1.0
     reference_seq_len: int = 0
     ladder: list[dict[str, Any]] = field(default_factory=list)
     router: RouterConfig = field(default_factory=RouterConfig)
@@ -70,6 +72,7 @@ class ExperimentConfig:
         check_int(self.ffn_group_size, "ffn_group_size", ge=1)
         check_int(self.reference_seq_len, "reference_seq_len", ge=0)
         check_int(self.ffn_sort_examples, "ffn_sort_examples", ge=0)
+        check_head_cost_weight(self.head_cost_weight, self.budget_scope)
         if self.model.ffn_group_size or self.model.ffn_group_ids:
             raise ConfigError("model.ffn_group_size/ffn_group_ids are set by the pipeline: use budget_scope: all and ffn_group_size")
         check_family_names(self)
@@ -86,6 +89,15 @@ class ExperimentConfig:
     def path_steps(self) -> int:
         """Steps the budgeted path adds after the dense model (budgeted + hard stages)."""
         return self.train.budgeted_steps + self.train.hard_steps
+
+
+def check_head_cost_weight(weight: Any, budget_scope: str) -> None:
+    """``head_cost_weight``: a finite number > 0, other than 1 only where heads and FFN groups
+    share the budget (under ``budget_scope: heads`` every unit is a head, so it would change nothing)."""
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+        raise ConfigError(f"head_cost_weight must be a finite number > 0, got {weight!r}")
+    if weight != 1 and budget_scope != "all":
+        raise ConfigError(f"head_cost_weight {weight!r} weighs heads against FFN groups: it needs budget_scope 'all'")
 
 
 def check_family_names(cfg: ExperimentConfig) -> None:
@@ -124,6 +136,7 @@ _LATER_KEYS = {
     ("bench", "cuda_graphs"): False, ("train", "early_stop_budgeted"): False, ("bench", "int8"): False,
     ("train", "gate_forward"): "soft", ("train", "freeze_embeddings"): False,
     ("train", "gate_init"): "zeros", ("ffn_sort_examples",): 0, ("train", "hard_budget_min"): None,
+    ("head_cost_weight",): 1.0,
 }
 
 def config_digest(cfg: ExperimentConfig) -> str:

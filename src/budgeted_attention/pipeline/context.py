@@ -154,10 +154,15 @@ class RunContext:
         return (self.cfg.bench.seq_lens or [self.splits.seq_len])[0]
 
     def unit_costs(self, model: GatedModel) -> UnitGates:
-        """FLOPs per gated unit (heads; heads and FFN groups under ``budget_scope: all``) at
-        ``reference_seq_len`` (the data's padded length when 0): the sequence length at which
-        budgets are converted to FLOPs (training cost, ranking fit)."""
-        return model.unit_costs(self.cfg.reference_seq_len or self.splits.seq_len)
+        """Cost per gated unit (heads; heads and FFN groups under ``budget_scope: all``): its FLOPs
+        at ``reference_seq_len`` (the data's padded length when 0), the sequence length at which
+        budgets are converted to costs (training cost, ranking fit), with every head's FLOPs
+        times ``head_cost_weight`` (1: the budget is a fraction of the prunable FLOPs; measured
+        on a runtime, e.g. by ``benchmarks/unit_costs.py``: a fraction of its time)."""
+        costs = model.unit_costs(self.cfg.reference_seq_len or self.splits.seq_len)
+        if self.cfg.head_cost_weight == 1:
+            return costs
+        return UnitGates(costs.heads * self.cfg.head_cost_weight, costs.ffn)
 
     def rank(self, model: GatedModel, scores: UnitGates) -> Ranking:
         return Ranking.from_scores(scores, self.unit_costs(model), self.cfg.min_one_per_layer)
