@@ -9,9 +9,11 @@ a quarter of each), each exported as ``baa export`` does, in float32 and dynamic
 Runtime graphs, timed interleaved (1 thread, medians of rounds; see ``int8_profile.py``). The
 time each shape saves is fitted, by least squares without intercept, as
 ``heads removed x ms per head + neurons removed x ms per neuron``; a head's weight is its ms per
-FLOP over an FFN group's ms per FLOP. 1 means FLOPs already rank the two kinds right (float32
-here); above 1, heads are dearer than their FLOPs say. The fit is repeated in fresh sessions and
-the median and spread reported, with each shape's measured and fitted savings.
+FLOP over an FFN group's ms per FLOP. 1 means FLOPs price the two kinds alike; above 1, heads
+are dearer than their FLOPs say. The fit is repeated in fresh sessions and
+the median and spread reported, with each shape's measured and fitted savings. Fit at the
+sequence length the budget is converted at (a config's ``reference_seq_len``, else its data's
+padded length): attention's share grows with the length, and so does a head's weight.
 
 Writes ``unit_costs.json`` and ``unit_costs.md`` to ``--out``.
 """
@@ -25,14 +27,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
-
-from budgeted_attention.export.onnx import export_model, quantize_graph
-from budgeted_attention.hf.bert import load_gated_bert, minilm_path
-from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from int8_profile import time_graphs  # noqa: E402  (the sibling script's interleaved ONNX Runtime timer)
 
 GROUP = 128  # FFN neurons per group, as in configs/minilm_bbc_short_all.yaml
 SHAPES = {"heads-half": (0.5, 1.0), "ffn-half": (1.0, 0.5), "both-quarter": (0.25, 0.25)}  # fraction of heads, of FFN kept
@@ -45,7 +39,25 @@ def fit(savings_ms: list[float], heads_removed: list[int], neurons_removed: list
     return float(per_head), float(per_neuron)
 
 
+def head_weight(ms_per_head: float, ms_per_neuron: float, head_flops: float, group_flops: float, group_size: int) -> float:
+    """A head's ms per FLOP over an FFN group's: the ``head_cost_weight`` of this runtime."""
+    if ms_per_head <= 0 or ms_per_neuron <= 0:
+        raise ValueError(f"the fit gave {ms_per_head:.4g} ms per head and {ms_per_neuron:.4g} ms per neuron: "
+                         "time too noisy to split (more --rounds or --seconds, a quieter machine)")
+    return (ms_per_head / head_flops) / (ms_per_neuron * group_size / group_flops)
+
+
 def main() -> None:
+    # Heavy imports here, so the fit and weight functions load with numpy alone (tests).
+    import torch
+
+    from budgeted_attention.export.onnx import export_model, quantize_graph
+    from budgeted_attention.hf.bert import load_gated_bert, minilm_path
+    from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from int8_profile import time_graphs  # the sibling script's interleaved ONNX Runtime timer
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=128)
@@ -94,13 +106,17 @@ def main() -> None:
         for latency in repeats:
             savings = [latency[f"dense-{runtime}"] - latency[f"{name}-{runtime}"] for name in removed]
             per_head, per_neuron = fit(savings, [r[0] for r in removed.values()], [r[1] for r in removed.values()])
-            weight = (per_head / head_flops) / (per_neuron * GROUP / group_flops)
+            try:
+                weight = head_weight(per_head, per_neuron, head_flops, group_flops, GROUP)
+            except ValueError as exc:
+                sys.exit(f"unit_costs: {runtime}: {exc}")
             fitted = {name: per_head * r[0] + per_neuron * r[1] for name, r in removed.items()}
             fits.append({"ms_per_head": per_head, "ms_per_group": per_neuron * GROUP, "head_cost_weight": weight,
                          "savings_ms": dict(zip(removed, savings)), "fitted_savings_ms": fitted, "latency_ms": {
                              name: latency[f"{name}-{runtime}"] for name in shapes}})
         weights = [f["head_cost_weight"] for f in fits]
-        result["runtimes"][runtime] = {"head_cost_weight": statistics.median(weights), "range": [min(weights), max(weights)], "fits": fits}
+        result["runtimes"][runtime] = {"head_cost_weight": statistics.median(weights), "range": [min(weights), max(weights)], "fits": fits,
+                                       "median_fit": sorted(range(len(fits)), key=lambda i: weights[i])[(len(fits) - 1) // 2]}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "unit_costs.json", result)
@@ -119,14 +135,15 @@ def render(result: dict) -> str:
         f"{s['group_size']} |", "|---|---:|---:|---:|---:|",
     ]
     for runtime, r in result["runtimes"].items():
-        mid = sorted(r["fits"], key=lambda f: f["head_cost_weight"])[len(r["fits"]) // 2]
+        mid = r["fits"][r["median_fit"]]
         lines.append(f"| {runtime} | {r['head_cost_weight']:.2f} | {r['range'][0]:.2f}–{r['range'][1]:.2f} | "
                      f"{mid['ms_per_head']:.4f} | {mid['ms_per_group']:.4f} |")
     lines += ["", f"FLOPs of one head {result['flops']['head']:,}, of one FFN group {result['flops']['group']:,}. "
-              "Savings against the dense graph, measured and fitted (the median fit):", "",
+              "Savings against the dense graph, measured and fitted (the fit at the median weight; the lower middle one "
+              "for an even number of fits):", "",
               "| runtime | shape | heads, FFN per layer | dense ms | ms | saved ms | fitted saved ms |", "|---|---|---|---:|---:|---:|---:|"]
     for runtime, r in result["runtimes"].items():
-        mid = sorted(r["fits"], key=lambda f: f["head_cost_weight"])[len(r["fits"]) // 2]
+        mid = r["fits"][r["median_fit"]]
         for name, saved in mid["savings_ms"].items():
             shape = s["shapes"][name]
             lines.append(f"| {runtime} | {name} | {shape['heads_per_layer']}, {shape['ffn_per_layer']} | {mid['latency_ms']['dense']:.3f} | "

@@ -591,36 +591,48 @@ def test_the_gemma_configs_quick_variants_parse():
     assert (short.name, short.train.dense_steps, lm.name, lm.lm_data.max_documents) == ("gemma_bbc_short_quick", 8, "gemma_bbc_lm_quick", 60)
 
 
-def test_head_cost_weight_makes_heads_dearer_in_the_budget_and_is_validated(tmp_path):
+def test_head_cost_weight_makes_heads_dearer_in_the_budget_and_is_validated(tmp_path, monkeypatch):
     """head_cost_weight w: each head costs w times its FLOPs against the FFN groups, in the budget
-    penalty and in the ranking (which records the weighted costs), so one order of units fits a
-    budget with a shorter prefix; the digest of a config without the key is unchanged; bad values
-    and a weight under budget_scope heads are refused."""
+    penalty (the budgeted stage gets the weighted costs) and in the ranking (which records them),
+    so an order that puts heads first keeps fewer of them at one budget; the digest of a config
+    without the key is unchanged; bad values and a weight under budget_scope heads are refused."""
     import torch
 
     from budgeted_attention.model.gates import UnitGates
     from budgeted_attention.pipeline import config_digest
+    from budgeted_attention.pipeline.config import check_head_cost_weight
+    from budgeted_attention.pipeline.methods import budgeted as budgeted_module
 
     path = tmp_path / "all.yaml"
-    path.write_text(CONFIG.replace("name: tiny", "name: tiny-all\nbudget_scope: all\nffn_group_size: 8"))
+    path.write_text(CONFIG.replace("name: tiny", "name: tiny-all\nbudget_scope: all\nffn_group_size: 8").replace("seeds: [0, 1]", "seeds: [0]"))
     plain = load_experiment_config(str(path))
     weighted = load_experiment_config(str(path), ["head_cost_weight=3"])
     assert config_digest(load_experiment_config(str(path), ["head_cost_weight=1.0"])) == config_digest(plain) != config_digest(weighted)
-    units_kept = {}
+    heads_kept = {}
     for cfg in (plain, weighted):
         experiment = Experiment(cfg, tmp_path / f"r{cfg.head_cost_weight}", progress=False, log=lambda *_: None)
         ctx = experiment.context
         model = ctx.builder.create()
         flops, costs = model.unit_costs(ctx.splits.seq_len), ctx.unit_costs(model)
         assert torch.equal(costs.heads, flops.heads * cfg.head_cost_weight) and torch.equal(costs.ffn, flops.ffn)
-        scores = torch.Generator().manual_seed(0)
-        ranking = ctx.rank(model, UnitGates(torch.rand(flops.heads.shape, generator=scores), torch.rand(flops.ffn.shape, generator=scores)))
-        assert ranking.head_cost == float(costs.heads.flatten()[0])
-        units_kept[cfg.head_cost_weight] = [ranking.count_for_budget(b) for b in (0.3, 0.5, 0.7, 0.9)]
-    assert all(w <= p for w, p in zip(units_kept[3], units_kept[1.0])) and units_kept[3] != units_kept[1.0], units_kept
-    for bad in ("0", "-1", "nan", "inf", "true", "fast"):
+        heads_first = ctx.rank(model, UnitGates(torch.ones(flops.heads.shape), torch.zeros(flops.ffn.shape)))
+        heads_kept[cfg.head_cost_weight] = [sum(heads_first.kept(b).heads_per_layer) for b in (0.6, 0.75)]
+    assert all(w < p for w, p in zip(heads_kept[3], heads_kept[1.0])), heads_kept
+
+    seen = []
+    real = budgeted_module.train_budgeted
+    monkeypatch.setattr(budgeted_module, "train_budgeted", lambda model, split, cfg, costs, **kw: seen.append(costs) or real(model, split, cfg, costs, **kw))
+    weighted.methods = ["dense", "budgeted"]
+    experiment = Experiment(weighted, tmp_path / "trained", progress=False, log=lambda *_: None)
+    experiment.run()
+    model = experiment.context.builder.create()
+    assert len(seen) == 1 and torch.equal(seen[0].heads, model.unit_costs(experiment.context.splits.seq_len).heads * 3)
+
+    for bad in ("0", "-1", "nan", "inf", "1000", "fast"):
         with pytest.raises(ConfigError, match="head_cost_weight"):
             load_experiment_config(str(path), [f"head_cost_weight={bad}"])
+    with pytest.raises(ConfigError, match=r"head_cost_weight must be a number in \[0.01, 100\], got True"):
+        check_head_cost_weight(True, "all")  # Python callers skip from_dict's type check
     plain_path = tmp_path / "heads.yaml"
     plain_path.write_text(CONFIG)
     with pytest.raises(ConfigError, match="head_cost_weight 2.0 .* budget_scope 'all'"):

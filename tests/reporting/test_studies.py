@@ -356,9 +356,9 @@ def test_a_study_measured_before_the_archive_keeps_its_section_until_it_runs_aga
     write_studies_report(studies, out, readme=readme, command=COMMAND)
     kept = out.read_text()
     demo = _section(kept, "demo")
-    assert "*Kept from this page's previous generation" in demo and "`make study-demo` measures it anew" in demo
-    assert demo.replace("*Kept from this page's previous generation: this study's run directories are not on this machine and were "
-                        "not archived, so the table below could not be read again. `make study-demo` measures it anew.*\n\n", "") == _section(first, "demo")
+    note = ("*Kept from this page's previous generation: this study's run directories could not be read here and were not archived, "
+            "so the table below is the one measured then. `make study-demo` measures it anew.*\n\n")
+    assert note in demo and demo.replace(note, "") == _section(first, "demo") and "studies.yaml has changed" not in demo
     assert _section(kept, "lm").strip().endswith("not run here: `make study-lm`")  # never measured: still one line
     assert _section(kept, "Replication") == _section(first, "Replication") and figure.is_file()
     assert readme.read_text() == first_readme  # the demo row is the measured one, not "not run here"
@@ -366,11 +366,57 @@ def test_a_study_measured_before_the_archive_keeps_its_section_until_it_runs_aga
     write_studies_report(studies, out, readme=readme, command=COMMAND)  # kept again: one note, same page
     assert out.read_text() == kept
 
+    data = yaml.safe_load(studies.read_text())  # studies.yaml rewords the question and changes the commands
+    data["studies"][0]["question"] = "Does it still hold?"
+    data["studies"][0]["commands"] = ["baa demo --out runs/demo"]
+    studies.write_text(yaml.safe_dump(data, sort_keys=False))
+    write_studies_report(studies, out, readme=readme, command=COMMAND)
+    demo = _section(out.read_text(), "demo")
+    assert demo.count("Kept from") == 1 and "**Question.** Does it still hold?" in demo and "Does it hold?" not in demo
+    assert "studies.yaml has changed this study's commands since" in demo and "baa demo --no-progress --out runs/demo" in demo
+    assert "| Does it still hold? |" in _study_line(readme.read_text(), "demo") and "acc. % 89.50" in _study_line(readme.read_text(), "demo")
+
     _run(tmp_path, "demo", _sweep_rows(drop=0.05))  # measured again: the new table replaces the kept one
     write_studies_report(studies, out, readme=readme, command=COMMAND)
     fresh = _section(out.read_text(), "demo")
     assert "Kept from" not in fresh and "| budgeted-hard | 0.50 | 2 | 84.50" in fresh and not figure.exists()
     assert "acc. % 84.50" in _study_line(readme.read_text(), "demo")
+
+
+def test_kept_sections_keep_every_headline_row_their_replication_rows_and_their_own_figures(tmp_path):
+    """Several README rows of one kept study come back in order; its replication rows join a fresh
+    replication table; a figure of study 'a_b' is not taken for study 'a''s; a '## ' line inside
+    a section does not split it."""
+    def studies_file(names):
+        path = tmp_path / "studies.yaml"
+        path.write_text(yaml.safe_dump({"studies": [
+            {"name": n, "question": f"Q {n}?", "config": "c.yaml", "seeds": [0, 1], "commands": [f"baa demo --out runs/{n}"],
+             "figure": "accuracy_vs_speedup.png", "replicas": [f"runs/{n}_other"],
+             "table": {"kind": "sweep", "methods": ["dense", "budgeted-hard"], "target": {"max_drop": 1.0}},
+             "headline": [{"method": "budgeted-hard", "budget": 0.5}, {"method": "budgeted-hard", "budget": 0.25}]} for n in names]}))
+        return path
+
+    path = studies_file(["a", "a_b"])
+    for name in ("a", "a_b"):
+        (_run(tmp_path, name, _sweep_rows()) / "accuracy_vs_speedup.png").write_bytes(b"\x89PNG")
+        _run(tmp_path, f"{name}_other", _sweep_rows(), processor="AMD EPYC")
+    readme, out = tmp_path / "README.md", tmp_path / "docs" / "results.md"
+    readme.write_text(f"{BEGIN}\n{END}\n")
+    write_studies_report(path, out, readme=readme, command=COMMAND)
+    out.write_text(out.read_text().replace("Figure: `accuracy_vs_speedup.png` of `runs/a_b`.", "## not a heading\n\nFigure: `accuracy_vs_speedup.png` of `runs/a_b`."))
+    first_rows = [line for line in readme.read_text().splitlines() if line.startswith("| [a_b](")]
+    assert len(first_rows) == 2
+    shutil.rmtree(tmp_path / "runs" / "a_b")  # a_b is gone; a (and both replicas) are still here
+    shutil.rmtree(tmp_path / "runs" / "a_b_other")
+    write_studies_report(path, out, readme=readme, command=COMMAND)
+    text = out.read_text()
+    kept = text.split("## a_b\n", 1)[1].split("\n## Replication\n", 1)[0]
+    assert "## not a heading" in kept and "Kept from" in kept and "studies.yaml has changed" not in kept and "Figure: `acc" in kept
+    assert [line for line in readme.read_text().splitlines() if line.startswith("| [a_b](")] == first_rows
+    replication = _section(text, "Replication")
+    assert "`runs/a_other`" in replication and "`runs/a_b_other`" in replication
+    assert (tmp_path / "docs" / "figures" / "a_b_accuracy_vs_speedup.png").is_file()
+    assert (tmp_path / "docs" / "figures" / "a_accuracy_vs_speedup.png").is_file()
 
 
 def _study_line(readme: str, name: str) -> str:

@@ -92,10 +92,10 @@ class ExperimentConfig:
 
 
 def check_head_cost_weight(weight: Any, budget_scope: str) -> None:
-    """``head_cost_weight``: a finite number > 0, other than 1 only where heads and FFN groups
+    """``head_cost_weight``: a number in [0.01, 100], other than 1 only where heads and FFN groups
     share the budget (under ``budget_scope: heads`` every unit is a head, so it would change nothing)."""
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
-        raise ConfigError(f"head_cost_weight must be a finite number > 0, got {weight!r}")
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or not 0.01 <= weight <= 100:
+        raise ConfigError(f"head_cost_weight must be a number in [0.01, 100], got {weight!r}")
     if weight != 1 and budget_scope != "all":
         raise ConfigError(f"head_cost_weight {weight!r} weighs heads against FFN groups: it needs budget_scope 'all'")
 

@@ -84,10 +84,15 @@ def write_outputs(ctx: RunContext, collected: Collected, seconds: float, partial
         "Loss: next-token cross-entropy in nats per token on the test documents (perplexity = exp(loss)), choices made on validation."
         if lm else "Accuracy: test split at choices made on validation."
     )
+    weighted = (
+        f" Costs of the budgeted methods weigh each head {cfg.head_cost_weight:g} times its FLOPs against the FFN groups "
+        "(head_cost_weight): a fraction of that weighted cost, not of FLOPs; ladder rows stay FLOP fractions."
+        if cfg.head_cost_weight != 1 else ""
+    )
     notes = (
         f"Experiment '{cfg.name}' on data source {source}, {len(cfg.seeds)} seed(s), mean ± std. "
         f"{metric} Cost kinds: soft-estimate (C(b) of soft gates, no speed), "
-        f"kept-heads (physically pruned; with budget_scope 'all' the kept heads and FFN groups). Budget scope: '{cfg.budget_scope}'. Speedups: pruned models over the dense model at b = 1, both through the family's lean executor, "
+        f"kept-heads (physically pruned; with budget_scope 'all' the kept heads and FFN groups). Budget scope: '{cfg.budget_scope}'.{weighted} Speedups: pruned models over the dense model at b = 1, both through the family's lean executor, "
         f"batch {setting.batch_sizes[0]}, sequence {ctx.bench_seq}, {setting.threads} thread(s); FLOP-ideal from the cost model.\n"
         f"Wall time of this invocation: {seconds:.0f} s.\n"
     )

@@ -524,14 +524,15 @@ def write_studies_report(
     text, headline, copies = build_studies(studies, studies_file.parent, out, figures, shown, archive)
     block = _headline_block(headline, _relative_link(out, Path(readme))) if readme is not None else ""
     old_block = _between(Path(readme)) if readme is not None else ""
-    text, block, unmeasured = keep_unmeasured(text, _read(out), block, old_block, [s["name"] for s in studies])
+    text, block, unmeasured = keep_unmeasured(text, _read(out), block, old_block, studies)
     # README's new text before anything is written: missing markers fail the whole command.
     readme_text = None if readme is None else between_markers(Path(readme), block)
     if copies:
         figures.mkdir(parents=True, exist_ok=True)
     kept = {target.name for _, target in copies}
     for stale in figures.glob("*.png") if figures.is_dir() else []:
-        owner = next((s["name"] for s in studies if stale.name.startswith(f"{s['name']}_")), None)
+        owners = [s["name"] for s in studies if stale.name.startswith(f"{s['name']}_")]
+        owner = max(owners, key=len) if owners else None  # 'a_b_x.png' is study a_b's, not a's
         if stale.name not in kept and owner is not None and owner not in unmeasured:
             stale.unlink()
     for source, target in copies:
@@ -544,9 +545,10 @@ def write_studies_report(
 
 
 KEPT_NOTE = (
-    "*Kept from this page's previous generation: this study's run directories are not on this machine and were "
-    "not archived, so the table below could not be read again. `make study-{name}` measures it anew.*"
+    "*Kept from this page's previous generation: this study's run directories could not be read here and "
+    "were not archived, so the table below is the one measured then. `make study-{name}` measures it anew.*"
 )
+KEPT_COMMANDS_NOTE = "*studies.yaml has changed this study's commands since: the table below was measured with the commands it shows.*"
 
 
 def _read(path: Path) -> str:
@@ -566,10 +568,13 @@ def _between(readme: Path) -> str:
     return text[start + len(BEGIN) + 1:end] if 0 <= start < end else ""
 
 
-def _page_sections(text: str) -> tuple[str, dict[str, str]]:
-    """(what precedes the first section, ``## name`` -> that section's text up to the next one)."""
-    head, *parts = text.split("\n## ")
-    return head, {part.split("\n", 1)[0].strip(): "## " + part for part in parts}
+def _page_sections(text: str, names: list[str]) -> tuple[str, dict[str, str]]:
+    """(what precedes the first section, heading -> that section's text up to the next one), split
+    only at the headings the report writes (``## <study>`` and ``## Replication``), so a line of a
+    section that happens to start with ``## `` stays inside it."""
+    headings = "|".join(re.escape(name) for name in [*names, "Replication"])
+    parts = re.split(rf"\n(?=## (?:{headings})\n)", text)
+    return parts[0], {part.split("\n", 1)[0][3:]: part for part in parts[1:]}
 
 
 def _study_rows(block: str, name: str) -> list[str]:
@@ -577,34 +582,59 @@ def _study_rows(block: str, name: str) -> list[str]:
     return [line for line in block.splitlines() if line.startswith(f"| [{name}](")]
 
 
-def keep_unmeasured(text: str, old_text: str, block: str, old_block: str, names: list[str]) -> tuple[str, str, set[str]]:
+def _kept_section(fresh: str, old: str, study: dict[str, Any]) -> str:
+    """The measured ``old`` section under the heading and question of the ``fresh`` one (studies.yaml
+    may have reworded them), with :data:`KEPT_NOTE` (and :data:`KEPT_COMMANDS_NOTE` when the old
+    section's commands are no longer the study's)."""
+    name = study["name"]
+    body = old.split("\n\n", 2)[2] if old.count("\n\n") >= 2 else old
+    notes = [KEPT_NOTE.format(name=name)]
+    if body.startswith(KEPT_NOTE.format(name=name)):
+        body = body[len(notes[0]):].lstrip("\n")
+    if body.startswith(KEPT_COMMANDS_NOTE):
+        body = body[len(KEPT_COMMANDS_NOTE):].lstrip("\n")
+    commands = "Commands:\n\n```\n" + "\n".join(study["commands"]) + "\n```"
+    if not body.startswith(commands):
+        notes.append(KEPT_COMMANDS_NOTE)
+    title_and_question = "\n\n".join(fresh.split("\n\n", 2)[:2])
+    return "\n\n".join([title_and_question, *notes, body])
+
+
+def keep_unmeasured(
+    text: str, old_text: str, block: str, old_block: str, studies: list[dict[str, Any]]
+) -> tuple[str, str, set[str]]:
     """The new page and README block, with each study the report could not read (its section says
-    "not run here") given back its measured section of ``old_text`` under :data:`KEPT_NOTE`, its
-    README lines of ``old_block`` and its rows of the old replication table; and the names of the
-    studies so kept (their figures stay)."""
-    head, sections = _page_sections(text)
-    _, old_sections = _page_sections(old_text)
+    "not run here") given back its measured section of ``old_text`` (:func:`_kept_section`), its
+    README lines of ``old_block`` (their question column the study's current one) and its rows of
+    the old replication table; and the names of the studies so kept (their figures stay)."""
+    names = [study["name"] for study in studies]
+    head, sections = _page_sections(text, names)
+    _, old_sections = _page_sections(old_text, names)
     unmeasured = set()
-    for name in names:
+    for study in studies:
+        name = study["name"]
         new, old = sections.get(name, ""), old_sections.get(name, "")
         if "\nnot run here: " not in new or not old or "\nnot run here: " in old:
             continue
         unmeasured.add(name)
-        if KEPT_NOTE.format(name=name) not in old:
-            title, question, rest = old.split("\n\n", 2)
-            old = "\n\n".join([title, question, KEPT_NOTE.format(name=name), rest])
-        sections[name] = old
+        sections[name] = _kept_section(new, old, study)
         lines = block.splitlines()
         at = next((i for i, line in enumerate(lines) if line.startswith(f"| [{name}](")), None)
-        if at is not None and _study_rows(old_block, name):
-            lines[at:at + 1] = _study_rows(old_block, name)
+        question = " ".join(str(study["question"]).split())
+        kept_rows = [f"| {cells[0]} | {question} | {cells[2]} | {cells[3]} |"
+                     for cells in (row[2:-2].split(" | ", 3) for row in _study_rows(old_block, name)) if len(cells) == 4]
+        if at is not None and kept_rows:
+            lines[at:at + 1] = kept_rows
             block = "\n".join(lines) + "\n"
     if not unmeasured:
         return text, block, unmeasured
-    kept_rows = [line for line in old_sections.get("Replication", "").splitlines()
-                 if any(line.startswith(f"| {name} |") for name in unmeasured)]
+    old_replication = old_sections.get("Replication", "")
+    kept_rows = [line for line in old_replication.splitlines() if any(line.startswith(f"| {name} |") for name in unmeasured)]
     if kept_rows:
-        replication = sections.get("Replication") or "\n\n".join(old_sections["Replication"].split("\n\n")[:2] + [
-            "\n".join(line for line in old_sections["Replication"].splitlines() if line.startswith("| study |") or line.startswith("|---"))])
-        sections["Replication"] = replication.rstrip("\n") + "\n" + "\n".join(kept_rows) + "\n"
-    return head + "".join("\n" + sections[k].rstrip("\n") + "\n" for k in sections), block, unmeasured
+        if "Replication" not in sections:
+            intro = old_replication.split("\n\n")[:2]
+            header = [line for line in old_replication.splitlines() if line.startswith("| study |") or line.startswith("|---")]
+            sections["Replication"] = "\n\n".join([*intro, "\n".join(header)])
+        sections["Replication"] = sections["Replication"].rstrip("\n") + "\n" + "\n".join(kept_rows) + "\n"
+    order = [*[n for n in names if n in sections], *(["Replication"] if "Replication" in sections else [])]
+    return head + "".join("\n" + sections[k].rstrip("\n") + "\n" for k in order), block, unmeasured
