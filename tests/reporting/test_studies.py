@@ -365,6 +365,9 @@ def test_a_study_measured_before_the_archive_keeps_its_section_until_it_runs_aga
 
     write_studies_report(studies, out, readme=readme, command=COMMAND)  # kept again: one note, same page
     assert out.read_text() == kept
+    out.write_text(kept.replace(note, "*Kept from this page's previous generation: an older wording of the note.*\n\n"))
+    write_studies_report(studies, out, readme=readme, command=COMMAND)  # a note of an earlier release is replaced, not stacked
+    assert out.read_text() == kept
 
     data = yaml.safe_load(studies.read_text())  # studies.yaml rewords the question and changes the commands
     data["studies"][0]["question"] = "Does it still hold?"

@@ -549,6 +549,7 @@ KEPT_NOTE = (
     "were not archived, so the table below is the one measured then. `make study-{name}` measures it anew.*"
 )
 KEPT_COMMANDS_NOTE = "*studies.yaml has changed this study's commands since: the table below was measured with the commands it shows.*"
+_NOTE_STARTS = ("*Kept from this page's previous generation", "*studies.yaml has changed this study's commands")
 
 
 def _read(path: Path) -> str:
@@ -589,10 +590,10 @@ def _kept_section(fresh: str, old: str, study: dict[str, Any]) -> str:
     name = study["name"]
     body = old.split("\n\n", 2)[2] if old.count("\n\n") >= 2 else old
     notes = [KEPT_NOTE.format(name=name)]
-    if body.startswith(KEPT_NOTE.format(name=name)):
-        body = body[len(notes[0]):].lstrip("\n")
-    if body.startswith(KEPT_COMMANDS_NOTE):
-        body = body[len(KEPT_COMMANDS_NOTE):].lstrip("\n")
+    paragraphs = body.split("\n\n")
+    while paragraphs and paragraphs[0].startswith(_NOTE_STARTS):  # an earlier keep's notes, whatever their wording
+        paragraphs.pop(0)
+    body = "\n\n".join(paragraphs)
     commands = "Commands:\n\n```\n" + "\n".join(study["commands"]) + "\n```"
     if not body.startswith(commands):
         notes.append(KEPT_COMMANDS_NOTE)
