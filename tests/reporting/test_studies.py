@@ -156,6 +156,10 @@ def test_cli_prints_commands_and_checks_the_file(tmp_path, capsys):
                                                 "table": {"kind": "sweep"}}]}))
     with pytest.raises(ReportError, match="one or more with '--out RUN_DIR'"):
         load_studies(bad)
+    bad.write_text(yaml.safe_dump({"studies": [{"name": "x", "question": "q", "config": "c", "seeds": [0], "commands": ["baa demo --out runs/x"],
+                                                "table": {"kind": "sweep", "target": {"max_dorp": 1.0}}}]}))
+    with pytest.raises(ReportError, match="'table.target' of a sweep table takes .*max_drop.*; not max_dorp"):
+        load_studies(bad)  # a misspelt target key would judge nothing
 
 
 def test_a_tiny_real_run_renders_with_its_figure(tmp_path):
@@ -232,30 +236,6 @@ def test_decode_study_table_marks_rows_below_the_flop_ideal_and_lists_the_checks
     prefill = next(line for line in text.splitlines() if line.startswith("| prefill | 0.50 "))
     assert "| 0.80 |" in prefill and prefill.endswith("| no target |")
     assert "- switch ms median: 0.05" in text and "- bit exact: true" in text
-
-
-def _int8_row(method: str, budget: float, latency_ms: float, accuracy: float, variant: str | None = None) -> dict:
-    row = {"method": method, "budget": budget, "seed": 0, "latency_ms": latency_ms, "accuracy": accuracy}
-    return {**row, "variant": variant} if variant else row
-
-
-def test_int8_curve_notes_tell_above_from_below_the_smaller_models_curve():
-    from budgeted_attention.reporting.studies import _int8_curve_notes
-
-    rows = [
-        _int8_row("dense-int8", 1.0, 10.0, 0.900),
-        _int8_row("smaller-int8", 0.5, 6.0, 0.880, "l3"),
-        _int8_row("smaller-int8", 0.33, 4.0, 0.800, "l2"),
-        _int8_row("budgeted-hard-int8", 0.25, 3.0, 0.870),  # faster than every smaller model and more accurate
-        _int8_row("budgeted-hard-int8", 0.5, 5.0, 0.820),  # the curve at 5 ms is 84 %: 2 points below it
-        _int8_row("budgeted-hard-int8", 0.75, 7.0, 0.870),  # l3 is faster and 1 point more accurate
-    ]
-    notes = {line.split(" (", 1)[0]: line for line in _int8_curve_notes(rows)}
-    assert "on or above the smaller models' int8 curve (faster than every smaller model)" in notes["- budgeted-hard-int8 b = 0.25"]
-    assert "3.33x faster than dense int8 at -3.00 points (LESS accurate" in notes["- budgeted-hard-int8 b = 0.25"]
-    assert "BELOW the smaller models' int8 curve: 84.00% interpolated between smaller-int8 (l2) and smaller-int8 (l3)" in notes["- budgeted-hard-int8 b = 0.5"]
-    assert "BELOW the smaller models' int8 curve: smaller-int8 (l3) is faster (6.00 ms vs 7.00) and +1.00 points" in notes["- budgeted-hard-int8 b = 0.75"]
-    assert _int8_curve_notes([_int8_row("dense", 1.0, 10.0, 0.9)]) == []
 
 
 def test_archive_keeps_a_study_measured_on_an_earlier_machine(tmp_path):
@@ -357,11 +337,14 @@ def test_a_study_measured_before_the_archive_keeps_its_section_until_it_runs_aga
     kept = out.read_text()
     demo = _section(kept, "demo")
     note = ("*Kept from this page's previous generation: this study's run directories could not be read here and were not archived, "
-            "so the table below is the one measured then. `make study-demo` measures it anew.*\n\n")
+            "so the table below is the one measured then, its target column as judged then. `make study-demo` measures it anew.*\n\n")
     assert note in demo and demo.replace(note, "") == _section(first, "demo") and "studies.yaml has changed" not in demo
     assert _section(kept, "lm").strip().endswith("not run here: `make study-lm`")  # never measured: still one line
     assert _section(kept, "Replication") == _section(first, "Replication") and figure.is_file()
-    assert readme.read_text() == first_readme  # the demo row is the measured one, not "not run here"
+    # the demo row is the measured one, not "not run here", and says it is kept
+    demo_row = _study_line(first_readme, "demo")
+    kept_row = demo_row.replace("| budgeted-hard b = 0.5:", "| kept from an earlier run: budgeted-hard b = 0.5:").replace("| meets |", "| judged then: meets |")
+    assert readme.read_text() == first_readme.replace(demo_row, kept_row) and kept_row != demo_row
 
     write_studies_report(studies, out, readme=readme, command=COMMAND)  # kept again: one note, same page
     assert out.read_text() == kept
@@ -415,7 +398,9 @@ def test_kept_sections_keep_every_headline_row_their_replication_rows_and_their_
     text = out.read_text()
     kept = text.split("## a_b\n", 1)[1].split("\n## Replication\n", 1)[0]
     assert "## not a heading" in kept and "Kept from" in kept and "studies.yaml has changed" not in kept and "Figure: `acc" in kept
-    assert [line for line in readme.read_text().splitlines() if line.startswith("| [a_b](")] == first_rows
+    assert [line for line in readme.read_text().splitlines() if line.startswith("| [a_b](")] == [
+        row.replace("| budgeted-hard b =", "| kept from an earlier run: budgeted-hard b =").replace("| meets |", "| judged then: meets |")
+        .replace("| FAILS:", "| judged then: FAILS:") for row in first_rows]
     replication = _section(text, "Replication")
     assert "`runs/a_other`" in replication and "`runs/a_b_other`" in replication
     assert (tmp_path / "docs" / "figures" / "a_b_accuracy_vs_speedup.png").is_file()

@@ -23,6 +23,7 @@ from budgeted_attention.benchmark.routing import routing_bench_markdown
 from budgeted_attention.errors import BAAError
 from budgeted_attention.io import atomic_path, write_text_atomic
 from budgeted_attention.reporting.bench_table import bench_table
+from budgeted_attention.reporting.int8 import int8_notes
 from budgeted_attention.reporting.ladder import ladder_markdown
 from budgeted_attention.reporting.per_input import routed_markdown
 from budgeted_attention.reporting.results import LOSS_METRIC, aggregate, markdown_table, metric_of, routing_table
@@ -185,6 +186,8 @@ def _commands(info: dict[str, Any]) -> list[str]:
     else:
         header = "Produced by:" if len(invocations) <= 1 else f"Produced by {len(invocations)} invocations (the run was resumed):"
     out = ["", header, ""]
+    if not invocations and isinstance(info.get("command"), (list, str)):  # a benchmark script's one command
+        invocations = [{"command": info["command"]}]
     if not invocations:
         return ["", f"Produced by: command not recorded (no {RunDir.run_info.name} invocations)."]
     out.append("```")
@@ -243,6 +246,9 @@ def run_section(run: dict[str, Any], *, figures_dir: Path | None, out: Path | No
     if run["rows"]:  # a load test has no accuracy rows
         lines += ["", f"### {run['name']}: results", "", f"{len(run['rows'])} rows, seeds {', '.join(map(str, seeds)) or 'none'}; mean ± std over seeds. " + units, ""]
         lines.append(markdown_table(aggregate(run["rows"])).rstrip("\n"))
+    int8 = int8_notes(run["rows"])
+    if int8:
+        lines += ["", f"### {run['name']}: int8 graphs against their float graphs and against dense int8", "", *int8]
     routing = routing_table(run["rows"])
     if routing:
         lines += ["", f"### {run['name']}: routing (Meta-Attention, test split)", "", routing.rstrip("\n")]

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from budgeted_attention.io import write_text_atomic
+from budgeted_attention.reporting.int8 import int8_notes, int8_target_failures
 from budgeted_attention.reporting.ladder import ladder_comparison
 from budgeted_attention.reporting.report import ReportError, _copy_figure, _relative_link, load_run, render_command
 from budgeted_attention.reporting.results import aggregate, display_method, metric_of
@@ -46,6 +47,13 @@ KINDS = ("sweep", "bench", "ladder", "serve", "decode")
 _REQUIRED = ("name", "question", "config", "seeds", "commands", "table")
 _OPTIONAL = ("figure", "headline", "replicas")
 MAX_STUDIES, MAX_HEADLINE = 10, 12
+
+
+# The keys each table kind judges by (see its function): a misspelt key would judge nothing.
+_TARGET_KEYS = {
+    "sweep": {"max_drop", "min_speedup", "reference", "only", "min_speedup_over_dense_int8", "on_smaller_curve"},
+    "bench": {"min_speedup"}, "ladder": set(), "serve": {"min_slo"}, "decode": {"min_efficiency", "phases"},
+}
 
 
 def load_studies(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -73,6 +81,11 @@ def load_studies(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             raise ReportError(f"{where}: 'commands' is a list of command lines, one or more with '--out RUN_DIR'")
         if not isinstance(study["table"], dict) or study["table"].get("kind") not in KINDS:
             raise ReportError(f"{where}: 'table.kind' is one of {', '.join(KINDS)}")
+        target = study["table"].get("target", {})
+        allowed = _TARGET_KEYS[study["table"]["kind"]]
+        if not isinstance(target, dict) or (unknown := sorted(set(target) - allowed)):
+            raise ReportError(f"{where}: 'table.target' of a {study['table']['kind']} table takes {', '.join(sorted(allowed)) or 'no keys'}"
+                              + (f"; not {', '.join(unknown)}" if isinstance(target, dict) else ""))
         if "\n" in str(study["question"]).strip():
             raise ReportError(f"{where}: the question is one line")
     if sum(len(s.get("headline") or [None]) for s in studies) > MAX_HEADLINE:
@@ -156,7 +169,19 @@ def _pm(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
     return f"{statistics.fmean(scaled):.{digits}f}{spread}"
 
 
+def _targeted(target: dict[str, Any], method: str, budget: float) -> bool:
+    """Whether ``target`` judges the row (``only``: a list of {method, budget} selectors; none: every row)."""
+    selectors = target.get("only")
+    if not target or not selectors:
+        return bool(target)
+    return any(s.get("method", method) == method and abs(float(s.get("budget", budget)) - budget) < 1e-9 for s in selectors)
+
+
 def _sweep(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Rows of ``results.json`` per (method, budget), judged by ``target``: ``max_drop`` against
+    the b = 1 rows of ``reference`` (default ``dense``), ``min_speedup`` (the rows' measured
+    ``speedup``), the int8 keys of :func:`int8_target_failures`; ``only`` limits the judged rows
+    (the others say "no target"), and a table without a target judges none."""
     methods, target = table.get("methods"), table.get("target") or {}
     rows = [r for r in run["rows"] if not methods or r["method"] in methods]
     metric = metric_of(rows)
@@ -164,13 +189,13 @@ def _sweep(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[
     by_group: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for row in rows:
         by_group.setdefault((display_method(row), float(row["budget"])), []).append(row)
-    dense = [r[metric.key] for r in by_group.get(("dense", 1.0), []) if r.get(metric.key) is not None]
+    dense = [r[metric.key] for r in by_group.get((target.get("reference", "dense"), 1.0), []) if r.get(metric.key) is not None]
     out = []
     for entry in aggregate(rows):
         group = by_group[(entry["method"], entry["budget"])]
         values = [r[metric.key] for r in group if r.get(metric.key) is not None]
         speed = [r["speedup"] for r in group if r.get("speedup") is not None]
-        fails = []
+        fails = int8_target_failures(run["rows"], entry["budget"], target) if entry["method"] == "budgeted-hard-int8" else []
         if dense and values and "max_drop" in target:
             drop = scale * ((statistics.fmean(values) - statistics.fmean(dense)) if lm else (statistics.fmean(dense) - statistics.fmean(values)))
             if drop > target["max_drop"] + 1e-9:
@@ -186,8 +211,10 @@ def _sweep(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[
         cells = [entry["method"], f"{entry['budget']:.2f}", str(len(group)), _pm(values, scale, digits) + span,
                  "" if cost is None else f"{cost:.3f}", measured, ideal]
         brief = f"{entry['method']} b = {entry['budget']:g}: {metric.short} {_pm(values, scale, digits)}" + (f" (dense {_pm(dense, scale, digits)})" if dense else "")
+        judged = _targeted(target, entry["method"], entry["budget"])
         out.append({"key": {"method": entry["method"], "budget": entry["budget"]}, "cells": cells,
-                    "brief": brief + (f", {measured} measured" if speed else ""), "fail": "; ".join(fails) or None})
+                    "brief": brief + (f", {measured} measured" if speed else ""), "fail": "; ".join(fails) if judged and fails else None,
+                    "untargeted": not judged})
     header = ["method", "budget", "seeds", f"test {metric.short}: mean ± std [min, max] over seeds", "cost", "speedup (measured, ± std)", "FLOP-ideal"]
     return header, out
 
@@ -296,71 +323,8 @@ def _decode_notes(run: dict[str, Any], table: dict[str, Any]) -> list[str]:
 
 _TABLES = {"sweep": _sweep, "bench": _bench, "ladder": _ladder, "serve": _serve, "decode": _decode}
 def _sweep_notes(run: dict[str, Any], table: dict[str, Any]) -> list[str]:
-    """For rows of quantized models (benchmarks/int8_peers.py): per (method, budget), the share of
-    test texts where the int8 graph predicts what its float graph predicts, and its speedup over
-    the dense int8 graph (mean over seeds, with the range)."""
-    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
-    for row in run["rows"]:
-        if isinstance(row.get("agreement_with_float"), (int, float)):
-            groups.setdefault((display_method(row), float(row["budget"])), []).append(row)
-    lines = []
-    for (method, budget), rows in groups.items():
-        agree = [100 * r["agreement_with_float"] for r in rows]
-        over = [r["speedup_over_dense_int8"] for r in rows if isinstance(r.get("speedup_over_dense_int8"), (int, float))]
-        text = f"- {method} b = {budget:g}: int8 = float predictions on {statistics.fmean(agree):.2f}% of the test split (min {min(agree):.2f}%)"
-        if over:
-            text += f"; {statistics.fmean(over):.2f}x over dense int8 [{min(over):.2f}, {max(over):.2f}]"
-        lines.append(text)
-    return lines + _int8_curve_notes(run["rows"])
-
-
-EQUAL_ACCURACY_POINTS = 0.5  # "at equal accuracy": within this many points of test accuracy
-
-
-def _int8_curve_notes(rows: list[dict[str, Any]]) -> list[str]:
-    """Each ``budgeted-hard-int8`` budget against the dense int8 graph (its accuracy within
-    ±0.5 points or not) and against the accuracy-latency curve of the smaller pretrained models'
-    int8 graphs (``smaller-int8`` rows): below the curve when a smaller model is at least as fast
-    and more than 0.5 points more accurate, or the curve, interpolated linearly between its two
-    neighbours in latency, is more than 0.5 points above it. Means over seeds, batch-1 latency."""
-    def mean_point(members: list[dict[str, Any]]) -> tuple[float, float]:
-        return statistics.fmean(r["latency_ms"] for r in members), 100 * statistics.fmean(r["accuracy"] for r in members)
-
-    def points(method: str) -> dict[tuple[str, float], tuple[float, float]]:
-        groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
-        for r in rows:
-            if r.get("method") == method and isinstance(r.get("latency_ms"), (int, float)):
-                groups.setdefault((display_method(r), float(r["budget"])), []).append(r)
-        return {key: mean_point(members) for key, members in groups.items()}
-
-    ours, dense, curve = points("budgeted-hard-int8"), points("dense-int8"), sorted(points("smaller-int8").items(), key=lambda kv: kv[1][0])
-    if not ours or not (dense or curve):
-        return []
-    lines = []
-    tolerance = EQUAL_ACCURACY_POINTS
-    for (_, budget), (latency, accuracy) in sorted(ours.items(), key=lambda kv: kv[0][1]):
-        parts = []
-        if dense:
-            dense_latency, dense_accuracy = next(iter(dense.values()))
-            gap = accuracy - dense_accuracy
-            equal = "equal accuracy" if abs(gap) <= tolerance else ("more accurate" if gap > 0 else "LESS accurate")
-            parts.append(f"{dense_latency / latency:.2f}x faster than dense int8 at {gap:+.2f} points ({equal}, ±{tolerance:g})")
-        if curve:
-            better = [(name, lat, acc) for (name, _), (lat, acc) in curve if lat <= latency and acc > accuracy + tolerance]
-            below = None
-            if better:
-                name, lat, acc = max(better, key=lambda t: t[2])
-                below = f"BELOW the smaller models' int8 curve: {name} is faster ({lat:.2f} ms vs {latency:.2f}) and {acc - accuracy:+.2f} points more accurate"
-            else:
-                for ((name_a, _), (lat_a, acc_a)), ((name_b, _), (lat_b, acc_b)) in zip(curve, curve[1:]):  # neighbours in latency
-                    if lat_a < latency < lat_b:
-                        interpolated = acc_a + (acc_b - acc_a) * (latency - lat_a) / (lat_b - lat_a)
-                        if interpolated > accuracy + tolerance:
-                            below = f"BELOW the smaller models' int8 curve: {interpolated:.2f}% interpolated between {name_a} and {name_b} at its latency"
-            fastest = curve[0][1][0]
-            parts.append(below or ("on or above the smaller models' int8 curve" + (" (faster than every smaller model)" if latency < fastest else "")))
-        lines.append(f"- budgeted-hard-int8 b = {budget:g} ({accuracy:.2f}%, {latency:.2f} ms): " + "; ".join(parts))
-    return lines
+    """Under a table of quantized models (benchmarks/int8_peers.py): :func:`int8_notes`."""
+    return int8_notes(run["rows"])
 
 
 _NOTES = {"decode": _decode_notes, "sweep": _sweep_notes}
@@ -543,8 +507,15 @@ def write_studies_report(
 
 KEPT_NOTE = (
     "*Kept from this page's previous generation: this study's run directories could not be read here and "
-    "were not archived, so the table below is the one measured then. `make study-{name}` measures it anew.*"
+    "were not archived, so the table below is the one measured then, its target column as judged then. "
+    "`make study-{name}` measures it anew.*"
 )
+KEPT_ROW = "kept from an earlier run: "  # README's measured cell of a kept study
+JUDGED_THEN = "judged then: "  # its target cell: the target of then, which studies.yaml may have changed since
+
+
+def _judged_then(cell: str) -> str:
+    return f"{JUDGED_THEN}{cell.removeprefix(JUDGED_THEN)}" if cell.strip() else cell
 KEPT_COMMANDS_NOTE = "*studies.yaml has changed this study's commands since: the table below was measured with the commands it shows.*"
 _NOTE_STARTS = ("*Kept from this page's previous generation", "*studies.yaml has changed this study's commands")
 
@@ -612,7 +583,7 @@ def keep_unmeasured(
         lines = block.splitlines()
         at = next((i for i, line in enumerate(lines) if line.startswith(f"| [{name}](")), None)
         question = " ".join(str(study["question"]).split())
-        kept_rows = [f"| {cells[0]} | {question} | {cells[2]} | {cells[3]} |"
+        kept_rows = [f"| {cells[0]} | {question} | {KEPT_ROW}{cells[2].removeprefix(KEPT_ROW)} | {_judged_then(cells[3])} |"
                      for cells in (row[2:-2].split(" | ", 3) for row in _study_rows(old_block, name)) if len(cells) == 4]
         if at is not None and kept_rows:
             lines[at:at + 1] = kept_rows
