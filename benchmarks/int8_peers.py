@@ -212,7 +212,7 @@ def plot(rows: list[dict], path: Path) -> None:
             members = [r for r in rows if r["method"] == method and r["budget"] == b]
             latencies, accuracies = [r["latency_ms"] for r in members], [100 * r["accuracy"] for r in members]
             groups.setdefault(method, []).append((statistics.fmean(latencies), statistics.fmean(accuracies), spread(latencies), spread(accuracies), b))
-    colours = plt.get_cmap("tab10").colors
+    colours = plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2]  # 20 distinct, the strong ten first
     markers = "osD^vP*Xh<>"
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for index, (method, points) in enumerate(groups.items()):
@@ -221,7 +221,9 @@ def plot(rows: list[dict], path: Path) -> None:
                     capsize=2, linewidth=1.2, markersize=6, label=method)
         if len(points) > 1:
             for x, y, *_, b in points:
-                ax.annotate(f"{b:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colours[index % len(colours)])
+                # float and int8 graphs of one budget sit close together: their labels go above and below alternately
+                ax.annotate(f"{b:g}", (x, y), textcoords="offset points", xytext=(4, 4 if index % 2 else -10), fontsize=7,
+                            color=colours[index % len(colours)])
     ax.set_xscale("log")
     ax.set_xlabel(f"latency at batch {rows[0]['bench_batch_size']}, seq {rows[0]['bench_seq_len']} (ms, log scale)")
     ax.set_ylabel("test accuracy %")

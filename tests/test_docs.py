@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from budgeted_attention.cli import build_parser
 
@@ -313,11 +314,21 @@ def studies_file_exists() -> bool:
 MAKE = re.compile(r"(?:^|[\s`(])make ([a-z][\w-]*)")
 
 
+def study_names() -> set[str]:
+    """The studies of studies.yaml (``make study-NAME`` runs one)."""
+    data = yaml.safe_load((ROOT / "studies.yaml").read_text(encoding="utf-8"))
+    return {str(study.get("name")) for study in data.get("studies", [])}
+
+
 def test_every_make_target_exists():
     targets, patterns = make_targets()
     problems = []
     for span in shell_spans():
         for target in MAKE.findall(strip_comment(span.text)):
+            study = target.removeprefix("study-") if target.startswith("study-") else None
+            if study is not None and not study.isupper() and (ROOT / "studies.yaml").is_file() and study not in study_names():
+                problems.append(f"{span.where()}: `make {target}`: studies.yaml has no study {study!r}")
+                continue
             if target in targets or any(target.startswith(p) and len(target) > len(p) for p in patterns):
                 continue
             if target.startswith("study-") and studies_file_exists():

@@ -58,3 +58,24 @@ def test_a_method_has_one_style_in_every_plot():
     assert plots.style("something-new") == plots.style("something-new")
     known = [plots.style(m) for m in plots._STYLE]
     assert len({s["color"] for s in known}) == len(known) and len({s["marker"] for s in known}) == len(known)
+
+
+def test_bars_stop_at_100_percent_and_untimed_rows_keep_off_the_dense_point(figures):
+    rows = [{"method": "dense", "budget": 1.0, "seed": s, "accuracy": a, "cost": 1.0, "cost_kind": "dense"} for s, a in ((0, 1.0), (1, 0.98))]
+    rows += [{"method": "budgeted-hard", "budget": b, "seed": s, "accuracy": 0.99, "cost": b, "cost_kind": "kept-heads",
+              "ideal_speedup": 1 / b, **({"speedup": 1.5} if b == 0.5 else {})} for s in (0, 1) for b in (0.25, 0.5, 1.0)]
+    plots.plot_accuracy_vs_speedup(rows, "unused.png", "tiny")
+    ax = figures[0].axes[0]
+    series = {c.get_label(): c for c in ax.containers if isinstance(c, ErrorbarContainer)}
+    assert set(series) == {"dense", "budgeted-hard (measured)", "budgeted-hard (FLOP-ideal, not timed)"}
+    top = max(y for segment in series["dense"][2][0].get_segments() for _, y in segment)
+    assert top == pytest.approx(100.0)  # 99 ± 1.41: the bar stops at 100 %
+    ideal = series["budgeted-hard (FLOP-ideal, not timed)"]
+    assert list(ideal[0].get_xdata()) == [4.0] and ideal[0].get_marker() != series["budgeted-hard (measured)"][0].get_marker()
+
+
+def test_methods_without_a_fixed_style_never_take_a_listed_methods_colour_or_marker():
+    known = {(s["color"], s["marker"]) for s in map(plots.style, plots._STYLE)}
+    for name in ("reference-fp32", "dense-int8", "smaller-int8", "something-new"):
+        color, marker = plots.style(name)["color"], plots.style(name)["marker"]
+        assert color not in {c for c, _ in known} and marker not in {m for _, m in known}

@@ -360,7 +360,9 @@ def test_a_study_measured_before_the_archive_keeps_its_section_until_it_runs_aga
     demo = _section(out.read_text(), "demo")
     assert demo.count("Kept from") == 1 and "**Question.** Does it still hold?" in demo and "Does it hold?" not in demo
     assert "studies.yaml has changed this study's commands since" in demo and "baa demo --no-progress --out runs/demo" in demo
-    assert "| Does it still hold? |" in _study_line(readme.read_text(), "demo") and "acc. % 89.50" in _study_line(readme.read_text(), "demo")
+    # README does not headline figures of other commands: the row says the study has not run with these
+    assert _study_line(readme.read_text(), "demo") == ("| [demo](docs/results.md#demo) | Does it still hold? | not run here with its current commands: "
+                                                       "`make study-demo` (the results page keeps the earlier table) |  |")
 
     _run(tmp_path, "demo", _sweep_rows(drop=0.05))  # measured again: the new table replaces the kept one
     write_studies_report(studies, out, readme=readme, command=COMMAND)
@@ -409,3 +411,21 @@ def test_kept_sections_keep_every_headline_row_their_replication_rows_and_their_
 
 def _study_line(readme: str, name: str) -> str:
     return next(line for line in readme.splitlines() if line.startswith(f"| [{name}]("))
+
+
+def test_runs_of_one_machine_replicate_nothing(tmp_path):
+    """The replication table is for figures measured on more than one machine: a merged run whose
+    parts all ran on its own machine adds no rows, fresh or kept from an earlier page."""
+    studies = _studies(tmp_path)
+    _run(tmp_path, "demo", _sweep_rows())
+    _run(tmp_path, "demo_other", _sweep_rows(drop=0.01))  # the same machine as runs/demo
+    out = tmp_path / "docs" / "results.md"
+    write_studies_report(studies, out, command=COMMAND)
+    assert "## Replication" not in out.read_text()
+    old = out.read_text() + ("\n## Replication\n\nintro\n\n| study | row | measured | run directory | machine | target |\n|---|---|---|---|---|---|\n"
+                             "| demo | method budgeted-hard, budget 0.5 | x | `runs/demo` | Intel Xeon, 2 CPUs | meets |\n"
+                             "| demo | method budgeted-hard, budget 0.5 | y | `runs/p0` | Intel Xeon, 2 CPUs | meets |\n")
+    out.write_text(old)
+    shutil.rmtree(tmp_path / "runs")  # kept: its one-machine replication rows are not
+    write_studies_report(studies, out, command=COMMAND)
+    assert "Kept from" in _section(out.read_text(), "demo") and "## Replication" not in out.read_text()

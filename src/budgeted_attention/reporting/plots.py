@@ -23,13 +23,18 @@ _STYLE = {
     "posthoc-recovered": ("tab:brown", "X"), "posthoc-recovered-1ep": ("tab:pink", "d"), "ladder": ("teal", "*"),
     "budgetformer": ("goldenrod", "8"), "capped-routing": ("magenta", "H"),
 }
-SPREAD = "error bars: ± std over seeds"
+# Methods not in _STYLE draw from colours and markers no listed method uses (by a hash of the name: stable across plots).
+_SPARE_COLORS = ("olive", "darkred", "slateblue", "sienna", "darkcyan", "crimson", "darkkhaki", "indigo")
+_SPARE_MARKERS = ("1", "2", "3", "4", "+", "|", "_", "$*$")
+FLOP_IDEAL_MARKER = "x"  # the FLOP-ideal points of a method that was not timed: its colour, this marker, hollow
+SPREAD = "error bars: ± std over seeds, accuracy clipped at 100 %"
 
 
 def style(method: str) -> dict[str, str]:
     """The colour and marker of ``method`` (or ``method (variant)``): fixed per method, so stable across plots."""
     base = method.split(" (", 1)[0]
-    color, marker = _STYLE.get(base) or (f"C{zlib.crc32(base.encode()) % 10}", "x")
+    index = zlib.crc32(base.encode())
+    color, marker = _STYLE.get(base) or (_SPARE_COLORS[index % len(_SPARE_COLORS)], _SPARE_MARKERS[(index // 8) % len(_SPARE_MARKERS)])
     return {"color": color, "marker": marker}
 
 
@@ -61,15 +66,21 @@ def _per_method(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _errorbar(ax: Any, method: str, entries: list[dict[str, Any]], x: Any, y: Any, xerr: Any = None, label: str | None = None, **kw: Any) -> None:
+    """One series: ``y(entry)`` is (mean, std, the metric's ceiling or None); a bar stops at the ceiling (100 % accuracy)."""
     entries = sorted(entries, key=x)
-    ax.errorbar([x(e) for e in entries], [y(e)[0] for e in entries], yerr=[y(e)[1] for e in entries],
+    points = [y(e) for e in entries]
+    below = [std for _, std, _ in points]
+    above = [std if ceiling is None else max(0.0, min(std, ceiling - mean)) for mean, std, ceiling in points]
+    ax.errorbar([x(e) for e in entries], [mean for mean, _, _ in points], yerr=[below, above],
                 xerr=None if xerr is None else [xerr(e) for e in entries], capsize=3, label=label or method,
-                linestyle="-" if len(entries) > 1 else "none", zorder=3 if method.startswith("dense") else 2, **style(method), **kw)
+                **{"linestyle": "-" if len(entries) > 1 else "none", "zorder": 3 if method.startswith("dense") else 2, **style(method), **kw})
 
 
 def _metric(rows: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """(the metric, entry -> (mean, std, ceiling)) in display units; accuracy's ceiling is 100 %."""
     metric = metric_of(rows)
-    return metric, lambda e: (metric.scale * e[f"{metric.key}_mean"], metric.scale * e[f"{metric.key}_std"])
+    ceiling = 100.0 if metric.key == "accuracy" else None
+    return metric, lambda e: (metric.scale * e[f"{metric.key}_mean"], metric.scale * e[f"{metric.key}_std"], ceiling)
 
 
 def plot_accuracy_vs_cost(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
@@ -148,13 +159,15 @@ def plot_accuracy_vs_speedup(rows: list[dict[str, Any]], path: str | Path, title
             _errorbar(ax, method, entries, lambda e: 1.0, y, markersize=9)
             continue
         measured = [e for e in entries if "speedup_mean" in e]
-        ideal = [e for e in entries if "speedup_mean" not in e and "ideal_speedup_mean" in e]
+        # an untimed row that removed nothing (FLOP-ideal 1x) would only hide under the dense point
+        ideal = [e for e in entries if "speedup_mean" not in e and e.get("ideal_speedup_mean", 1.0) > 1.0 + 1e-6]
         shown += measured + ideal
         if measured:
             _errorbar(ax, method, measured, lambda e: e["speedup_mean"], y, xerr=lambda e: e["speedup_std"], label=f"{method} (measured)")
         if ideal:
-            _errorbar(ax, method, ideal, lambda e: e["ideal_speedup_mean"], y, label=f"{method} (FLOP-ideal)", fillstyle="none")
-    ax.set_xlabel("speedup over the dense model (single thread)")
+            _errorbar(ax, method, ideal, lambda e: e["ideal_speedup_mean"], y, label=f"{method} (FLOP-ideal, not timed)",
+                      marker=FLOP_IDEAL_MARKER, linestyle=":")
+    ax.set_xlabel("speedup over the dense model (measured; FLOP-ideal where not timed)")
     ax.set_ylabel(metric.label)
     ax.set_title(title)
     ax.grid(alpha=0.3)
