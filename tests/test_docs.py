@@ -442,14 +442,22 @@ def test_readme_headline_is_a_generated_slot():
     assert lines.index(HEADLINE_BEGIN) < lines.index(HEADLINE_END), f"README.md: {HEADLINE_END} comes before {HEADLINE_BEGIN}"
 
 
-def test_readme_types_no_results():
-    """Measured figures come from runs (the headline slot, docs/results.md), never typed in."""
-    problems, generated = [], False
-    for number, line in enumerate(README.read_text(encoding="utf-8").splitlines(), start=1):
-        generated = (generated or line == HEADLINE_BEGIN) and line != HEADLINE_END
-        if "±" in line and not generated:
-            problems.append(f"README.md:{number}: {line.strip()}")
-    assert not problems, "README.md types result figures outside the generated headline:\n" + "\n".join(problems)
+# What a measured figure looks like: a mean with its spread (1.2 ± 0.1), a speedup (1.83x), a
+# percentage or a loss with decimals. A tolerance such as "±0.5 points" has no number before it.
+MEASURED = re.compile(r"\d\s*±\s*\d|\b\d+\.\d+x\b|\b\d+\.\d+ ?%|\b\d+\.\d+ nats\b")
+
+
+def test_docs_type_no_results():
+    """Measured figures come from runs (README's headline slot, docs/results.md, the generated lab
+    pages), never typed into README or the user guide."""
+    problems = []
+    for path in doc_files():
+        generated = False
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            generated = (generated or line == HEADLINE_BEGIN) and line != HEADLINE_END
+            if not generated and MEASURED.search(line):
+                problems.append(f"{rel(path)}:{number}: {line.strip()}")
+    assert not problems, "docs type result figures outside the generated pages:\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("path", doc_files(), ids=rel)
