@@ -465,3 +465,38 @@ def test_doc_is_readable(path):
     """Every page is UTF-8 with its fences closed (an unclosed fence would hide the rest from the checks)."""
     fences = [line for line in path.read_text(encoding="utf-8").splitlines() if FENCE.match(line)]
     assert len(fences) % 2 == 0, f"{rel(path)}: a fenced code block is not closed"
+
+
+# --------------------------------------------------------------------------- experiment configs written in the docs
+
+
+def yaml_blocks() -> list[tuple[str, str]]:
+    """(where, text) of every fenced YAML block of README and the user guide."""
+    blocks = []
+    for path in doc_files():
+        lines, inside, start, body = path.read_text(encoding="utf-8").splitlines(), False, 0, []
+        for number, line in enumerate(lines, start=1):
+            if not inside and re.match(r"^```ya?ml\s*$", line):
+                inside, start, body = True, number, []
+            elif inside and line.startswith("```"):
+                inside = False
+                blocks.append((f"{rel(path)}:{start}", "\n".join(body)))
+            elif inside:
+                body.append(line)
+    return blocks
+
+
+@pytest.mark.parametrize("where,text", yaml_blocks(), ids=[w for w, _ in yaml_blocks()])
+def test_every_experiment_config_in_the_docs_loads(where, text, tmp_path):
+    """A config the docs tell users to write is one `baa experiment` accepts: a misspelt or
+    removed key fails here, named, as it would for the user."""
+    from budgeted_attention.pipeline import load_experiment_config  # noqa: PLC0415
+
+    data = yaml.safe_load(text)
+    assert isinstance(data, dict), f"{where}: not a YAML mapping"
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    try:
+        load_experiment_config(str(path))
+    except Exception as exc:  # noqa: BLE001 - the message is the finding
+        pytest.fail(f"{where}: {type(exc).__name__}: {exc}")
