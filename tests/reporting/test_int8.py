@@ -40,6 +40,8 @@ def test_agreement_is_the_mean_and_minimum_over_seeds():
             for seed, (a, o) in enumerate(((0.995, 1.6), (0.985, 1.8)))]
     assert int8_notes(rows)[0] == ("- budgeted-hard-int8 b = 0.5: int8 = float predictions on 99.00% of the test split (min 98.50%); "
                                    "1.70x over dense int8 [1.60, 1.80]")
+    low = [_int8_row("dense-int8", 1.0, 10.0, 0.9, agreement_with_float=0.988)]
+    assert int8_notes(low)[0] == "- dense-int8 b = 1: int8 = float predictions on 98.80% of the test split (min 98.80%), BELOW 99%"
 
 
 def test_targets_judge_speed_at_equal_accuracy_and_the_curve():

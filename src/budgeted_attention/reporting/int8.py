@@ -3,8 +3,8 @@
 Two readings, each a function of the run's ``results.json`` rows alone:
 
 * :func:`agreement_notes`: per (method, budget), the share of test texts where the int8 graph
-  predicts what its float graph predicts, and its speedup over the dense int8 graph (mean over
-  seeds, with the range);
+  predicts what its float graph predicts (flagged below :data:`MIN_AGREEMENT`), and its speedup
+  over the dense int8 graph (mean over seeds, with the range);
 * :func:`int8_comparisons`: each ``budgeted-hard-int8`` budget against the dense int8 graph (at
   equal accuracy, within ±:data:`EQUAL_ACCURACY_POINTS`, or not) and against the accuracy-latency
   curve of the smaller pretrained models' int8 graphs (``smaller-int8`` rows).
@@ -21,6 +21,7 @@ from typing import Any
 from budgeted_attention.reporting.results import display_method
 
 EQUAL_ACCURACY_POINTS = 0.5  # "at equal accuracy": within this many points of test accuracy
+MIN_AGREEMENT = 0.99  # an int8 graph should predict what its float graph predicts on this share of the test split
 
 
 def agreement_notes(rows: list[dict[str, Any]]) -> list[str]:
@@ -34,6 +35,8 @@ def agreement_notes(rows: list[dict[str, Any]]) -> list[str]:
         agree = [100 * r["agreement_with_float"] for r in members]
         over = [r["speedup_over_dense_int8"] for r in members if isinstance(r.get("speedup_over_dense_int8"), (int, float))]
         text = f"- {method} b = {budget:g}: int8 = float predictions on {statistics.fmean(agree):.2f}% of the test split (min {min(agree):.2f}%)"
+        if statistics.fmean(agree) < 100 * MIN_AGREEMENT:
+            text += f", BELOW {100 * MIN_AGREEMENT:g}%"
         if over:
             text += f"; {statistics.fmean(over):.2f}x over dense int8 [{min(over):.2f}, {max(over):.2f}]"
         lines.append(text)
