@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test install clean results report
 
 $(STAMP): pyproject.toml Makefile
-	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)" >&2; exit 2; }
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 or newer is required; PYTHON=... picks another)" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	# torch pinned: a bare `torch` may pull a newer multi-GB CUDA build (TORCH_INDEX: a CPU-only index).
 	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))

@@ -221,8 +221,8 @@ def plot(rows: list[dict], path: Path) -> None:
                     capsize=2, linewidth=1.2, markersize=6, label=method)
         if len(points) > 1:
             for x, y, *_, b in points:
-                # float and int8 graphs of one budget sit close together: their labels go above and below alternately
-                ax.annotate(f"{b:g}", (x, y), textcoords="offset points", xytext=(4, 4 if index % 2 else -10), fontsize=7,
+                # float and int8 graphs of one budget sit close together: float labels go above, int8 labels below
+                ax.annotate(f"{b:g}", (x, y), textcoords="offset points", xytext=(4, -10 if method.endswith("int8") else 4), fontsize=7,
                             color=colours[index % len(colours)])
     ax.set_xscale("log")
     ax.set_xlabel(f"latency at batch {rows[0]['bench_batch_size']}, seq {rows[0]['bench_seq_len']} (ms, log scale)")

@@ -442,9 +442,10 @@ def test_readme_headline_is_a_generated_slot():
     assert lines.index(HEADLINE_BEGIN) < lines.index(HEADLINE_END), f"README.md: {HEADLINE_END} comes before {HEADLINE_BEGIN}"
 
 
-# What a measured figure looks like: a mean with its spread (1.2 ± 0.1), a speedup (1.83x), a
-# percentage or a loss with decimals. A tolerance such as "±0.5 points" has no number before it.
-MEASURED = re.compile(r"\d\s*±\s*\d|\b\d+\.\d+x\b|\b\d+\.\d+ ?%|\b\d+\.\d+ nats\b")
+# What a measured figure looks like: a mean with its spread (1.2 ± 0.1), a speedup (2x, 1.83x,
+# 1.83×), a percentage (97 %, 96.85 %) or a loss with decimals. A tolerance such as "±0.5 points"
+# has no number before it; a confidence level ("95% confidence") is a setting.
+MEASURED = re.compile(r"\d\s*±\s*\d|\b\d+(?:\.\d+)?[x×](?!\w)|\b\d+(?:\.\d+)? ?%(?! confidence)|\b\d+\.\d+ nats\b")
 
 
 def test_docs_type_no_results():

@@ -212,6 +212,8 @@ def environment_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "processor": platform.processor() or _cpu_model() or platform.machine(),
         "cpu_count": os.cpu_count(),
+        # which machine, without naming it: runs of one host replicate nothing across machines
+        "host": hashlib.sha256(platform.node().encode()).hexdigest()[:12] if platform.node() else None,
         "packages": versions,
         **source_provenance(),
     }

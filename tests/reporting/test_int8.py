@@ -38,10 +38,12 @@ def test_comparison_notes_tell_above_from_below_the_smaller_models_curve():
 def test_agreement_is_the_mean_and_minimum_over_seeds():
     rows = [_int8_row("budgeted-hard-int8", 0.5, 5.0, 0.9, agreement_with_float=a, speedup_over_dense_int8=o) | {"seed": seed}
             for seed, (a, o) in enumerate(((0.995, 1.6), (0.985, 1.8)))]
-    assert int8_notes(rows)[0] == ("- budgeted-hard-int8 b = 0.5: int8 = float predictions on 99.00% of the test split (min 98.50%); "
-                                   "1.70x over dense int8 [1.60, 1.80]")
+    assert int8_notes(rows)[0] == ("- budgeted-hard-int8 b = 0.5: int8 = float predictions on 99.00% of the test split (min 98.50%), "
+                                   "BELOW 99% on a seed; 1.70x over dense int8 [1.60, 1.80]")
     low = [_int8_row("dense-int8", 1.0, 10.0, 0.9, agreement_with_float=0.988)]
     assert int8_notes(low)[0] == "- dense-int8 b = 1: int8 = float predictions on 98.80% of the test split (min 98.80%), BELOW 99%"
+    fine = [{**r, "agreement_with_float": a} for r, a in zip(rows, (1.0, 0.995))]
+    assert "BELOW" not in int8_notes(fine)[0]
 
 
 def test_targets_judge_speed_at_equal_accuracy_and_the_curve():
@@ -68,11 +70,17 @@ def test_a_sweep_target_judges_only_its_rows_against_its_reference():
     _, out = _sweep({"rows": rows}, {"kind": "sweep", "target": target})
     judged = {(r["key"]["method"], r["key"]["budget"]): (r["fail"], r["untargeted"]) for r in out}
     assert judged[("budgeted-hard-int8", 0.5)] == (
-        "2.00x over dense int8 at -1.50 points (target ≥ 1.7x at equal accuracy, ±0.5); 1.50 points below dense (target ≤ 1)", False)
+        "2.00x over dense int8 at -1.50 points (target ≥ 1.7x at equal accuracy, ±0.5); 1.50 points below reference-fp32 (target ≤ 1)", False)
     assert judged[("budgeted-hard-int8", 0.25)] == (None, True)  # 40 points below, but `only` leaves it unjudged
     assert judged[("reference-fp32", 1.0)] == (None, True)
+    assert [r["brief"] for r in out if r["key"]["method"] == "budgeted-hard-int8"][1].endswith("(reference-fp32 90.00), 4.00x measured")
     _, untargeted = _sweep({"rows": rows}, {"kind": "sweep"})
     assert all(r["untargeted"] and r["fail"] is None for r in untargeted)  # no target: no row says "meets"
+    _, unjudged = _sweep({"rows": rows}, {"kind": "sweep", "target": {"reference": "reference-fp32"}})
+    assert all(r["untargeted"] for r in unjudged)  # a reference judges nothing by itself
+    _, missing = _sweep({"rows": rows}, {"kind": "sweep", "target": {**target, "reference": "referense-fp32"}})
+    assert "no referense-fp32 rows at b = 1 to compare with" in next(r["fail"] for r in missing if r["key"]["budget"] == 0.5)
+    assert int8_target_failures(rows, 0.75, target) == ["no budgeted-hard-int8 row at b = 0.75 to compare with its peers"]
 
 
 def test_the_per_run_report_shows_int8_notes_and_a_scripts_command(tmp_path):

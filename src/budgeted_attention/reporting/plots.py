@@ -23,10 +23,11 @@ _STYLE = {
     "posthoc-recovered": ("tab:brown", "X"), "posthoc-recovered-1ep": ("tab:pink", "d"), "ladder": ("teal", "*"),
     "budgetformer": ("goldenrod", "8"), "capped-routing": ("magenta", "H"),
 }
-# Methods not in _STYLE draw from colours and markers no listed method uses (by a hash of the name: stable across plots).
+# Methods not in _STYLE draw from colours and markers no listed method uses (by a hash of the name:
+# stable across plots; two unlisted methods may share a colour or a marker, never a listed one's).
 _SPARE_COLORS = ("olive", "darkred", "slateblue", "sienna", "darkcyan", "crimson", "darkkhaki", "indigo")
-_SPARE_MARKERS = ("1", "2", "3", "4", "+", "|", "_", "$*$")
-FLOP_IDEAL_MARKER = "x"  # the FLOP-ideal points of a method that was not timed: its colour, this marker, hollow
+_SPARE_MARKERS = ("1", "2", "3", "4", "+", "x")
+FLOP_IDEAL_MARKER = "$\\circ$"  # the FLOP-ideal points of a method that was not timed: its colour, this marker, dotted
 SPREAD = "error bars: ± std over seeds, accuracy clipped at 100 %"
 
 

@@ -86,6 +86,9 @@ def load_studies(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         if not isinstance(target, dict) or (unknown := sorted(set(target) - allowed)):
             raise ReportError(f"{where}: 'table.target' of a {study['table']['kind']} table takes {', '.join(sorted(allowed)) or 'no keys'}"
                               + (f"; not {', '.join(unknown)}" if isinstance(target, dict) else ""))
+        only = target.get("only")
+        if only is not None and not (isinstance(only, list) and only and all(isinstance(s, dict) and s and set(s) <= {"method", "budget"} for s in only)):
+            raise ReportError(f"{where}: 'table.target.only' is a list of selectors, each with 'method' and/or 'budget' (got {only!r})")
         if "\n" in str(study["question"]).strip():
             raise ReportError(f"{where}: the question is one line")
     if sum(len(s.get("headline") or [None]) for s in studies) > MAX_HEADLINE:
@@ -169,11 +172,17 @@ def _pm(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
     return f"{statistics.fmean(scaled):.{digits}f}{spread}"
 
 
+_NOT_JUDGING = {"reference", "only"}  # target keys that say how to judge, not what
+
+
 def _targeted(target: dict[str, Any], method: str, budget: float) -> bool:
-    """Whether ``target`` judges the row (``only``: a list of {method, budget} selectors; none: every row)."""
+    """Whether ``target`` judges the row: it has a judging key, and the row matches one of the
+    ``only`` selectors ({method, budget}; without ``only``, every row does)."""
+    if not set(target) - _NOT_JUDGING:
+        return False
     selectors = target.get("only")
-    if not target or not selectors:
-        return bool(target)
+    if selectors is None:
+        return True
     return any(s.get("method", method) == method and abs(float(s.get("budget", budget)) - budget) < 1e-9 for s in selectors)
 
 
@@ -189,17 +198,20 @@ def _sweep(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[
     by_group: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for row in rows:
         by_group.setdefault((display_method(row), float(row["budget"])), []).append(row)
-    dense = [r[metric.key] for r in by_group.get((target.get("reference", "dense"), 1.0), []) if r.get(metric.key) is not None]
+    reference = target.get("reference", "dense")
+    dense = [r[metric.key] for r in by_group.get((reference, 1.0), []) if r.get(metric.key) is not None]
     out = []
     for entry in aggregate(rows):
         group = by_group[(entry["method"], entry["budget"])]
         values = [r[metric.key] for r in group if r.get(metric.key) is not None]
         speed = [r["speedup"] for r in group if r.get("speedup") is not None]
         fails = int8_target_failures(run["rows"], entry["budget"], target) if entry["method"] == "budgeted-hard-int8" else []
-        if dense and values and "max_drop" in target:
+        if "max_drop" in target and not dense:
+            fails.append(f"no {reference} rows at b = 1 to compare with")
+        elif dense and values and "max_drop" in target:
             drop = scale * ((statistics.fmean(values) - statistics.fmean(dense)) if lm else (statistics.fmean(dense) - statistics.fmean(values)))
             if drop > target["max_drop"] + 1e-9:
-                fails.append(f"{drop:.{digits}f} {'nats above' if lm else 'points below'} dense (target ≤ {target['max_drop']:g})")
+                fails.append(f"{drop:.{digits}f} {'nats above' if lm else 'points below'} {reference} (target ≤ {target['max_drop']:g})")
         # a row whose selection removed nothing (FLOP-ideal 1x) has no speedup to meet
         removed = entry.get("ideal_speedup_mean", float("inf")) > 1.0 + 1e-6
         if speed and removed and "min_speedup" in target and statistics.fmean(speed) < target["min_speedup"]:
@@ -210,7 +222,7 @@ def _sweep(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[
         ideal = f"{entry['ideal_speedup_mean']:.2f}x" if "ideal_speedup_mean" in entry else ""
         cells = [entry["method"], f"{entry['budget']:.2f}", str(len(group)), _pm(values, scale, digits) + span,
                  "" if cost is None else f"{cost:.3f}", measured, ideal]
-        brief = f"{entry['method']} b = {entry['budget']:g}: {metric.short} {_pm(values, scale, digits)}" + (f" (dense {_pm(dense, scale, digits)})" if dense else "")
+        brief = f"{entry['method']} b = {entry['budget']:g}: {metric.short} {_pm(values, scale, digits)}" + (f" ({reference} {_pm(dense, scale, digits)})" if dense else "")
         judged = _targeted(target, entry["method"], entry["budget"])
         out.append({"key": {"method": entry["method"], "budget": entry["budget"]}, "cells": cells,
                     "brief": brief + (f", {measured} measured" if speed else ""), "fail": "; ".join(fails) if judged and fails else None,
@@ -232,7 +244,7 @@ def _bench(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[
         out.append({"key": {"budget": r["budget"], "batch_size": r["batch_size"], "seq_len": r["seq_len"]},
                     "cells": [f"{r['budget']:.2f}", str(r["batch_size"]), str(r["seq_len"]), str(r.get("threads", "")), text,
                               f"{r['ideal_speedup']:.2f}x" if r.get("ideal_speedup") is not None else ""],
-                    "brief": f"{text} at batch {r['batch_size']}, seq {r['seq_len']}", "fail": fail})
+                    "brief": f"{text} at batch {r['batch_size']}, seq {r['seq_len']}", "fail": fail, "untargeted": minimum is None})
     return ["budget", "batch", "seq", "threads", f"{key} (over b = 1, same runtime)", "FLOP-ideal"], out
 
 
@@ -271,6 +283,7 @@ def _serve(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list[
         p99 = [s["p99_ms"] for s in summaries if s.get("p99_ms") is not None]
         cells = [arrivals, f"{load:g}x", mode, str(len(summaries)), _pm(slo, 100, 1) + span, _pm(acc, 100, 1), _pm(p99, 1, 1), str(errors)]
         out.append({"key": {"arrivals": arrivals, "load": load, "mode": mode}, "cells": cells, "fail": "; ".join(fails) or None,
+                    "untargeted": minimum is None and not errors,  # server errors fail a row whatever the target
                     "brief": f"SLO attainment {_pm(slo, 100, 1)}%, effective acc. {_pm(acc, 100, 1)}% ({mode}, {arrivals} {load:g}x)"})
     header = ["arrivals", "load", "mode", "repeats", "SLO attainment %: mean ± std [min, max]", "effective acc. %", "p99 ms", "5xx"]
     return header, out
@@ -302,7 +315,7 @@ def _decode(run: dict[str, Any], table: dict[str, Any]) -> tuple[list[str], list
         brief = (f"{r['speedup']:.2f}x over dense ({efficiency:.2f} of FLOP-ideal {r['ideal_speedup']:.2f}x), {what}" if pruned
                  else f"{r['library_speedup']:.2f}x over transformers, {what}")
         out.append({"key": {"phase": r["phase"], "budget": r["budget"], "batch_size": r["batch_size"], "tokens": r["tokens"]},
-                    "cells": cells, "brief": brief, "fail": fail, "untargeted": r["phase"] not in phases})
+                    "cells": cells, "brief": brief, "fail": fail, "untargeted": minimum is None or not pruned or r["phase"] not in phases})
     header = ["phase", "budget", "batch", "tokens", "threads", "ms", "tokens/s", "speedup over b = 1 (own executor)", "over transformers",
               "FLOP-ideal", "of ideal", "output layer share of FLOPs", "K/V cache: per token + sliding-layer cap"]
     return header, out
@@ -337,6 +350,13 @@ def _machine(run: dict[str, Any]) -> str:
     env = run["info"].get("environment") if isinstance(run["info"].get("environment"), dict) else {}
     parts = [env.get("processor") or "machine not recorded", f"{env['cpu_count']} CPUs" if env.get("cpu_count") else None]
     return ", ".join(p for p in parts if p)
+
+
+def _machine_key(run: dict[str, Any]) -> str | None:
+    """Which machine a run ran on: its recorded host (a hash), else its CPU and count; None when
+    nothing is recorded (an unknown machine is no second machine)."""
+    env = run["info"].get("environment") if isinstance(run["info"].get("environment"), dict) else {}
+    return env.get("host") or (_machine(run) if env.get("processor") else None)
 
 
 def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -431,12 +451,12 @@ def build_studies(
         figure = where(primary) / str(study.get("figure", ""))
         if study.get("figure") and figure.is_file():
             copies.append((figure, figures_dir / f"{name}_{figure.name}"))
-            spread = " Points: mean over seeds; error bars: ± one std over seeds (accuracy's stop at 100 %)." if figure.name.startswith("accuracy_vs_") else ""
+            spread = " Points: mean over seeds; error bars: ± one std over seeds." if figure.name.startswith("accuracy_vs_") else ""
             lines += ["", f"![{name}: {figure.stem}]({_relative_link(copies[-1][1], out)})", "", f"Figure: `{figure.name}` of `{shown(primary)}`.{spread}"]
         elif study.get("figure"):
             lines += ["", f"Figure `{study['figure']}`: not in `{shown(primary)}`."]
         found = [(d, m) for d, m in measured.items() if m is not None]
-        if len({_machine(m[0]) for _, m in found}) > 1:  # one machine's runs replicate nothing across machines
+        if len({_machine_key(m[0]) for _, m in found} - {None}) > 1:  # one machine's runs replicate nothing across machines
             wanted = {tuple(sorted(r["key"].items())) for r in _selected(study, rows) or rows}
             for d, (other, _, other_rows) in found:
                 replicated += [[name, _label(r), r["brief"], f"`{shown(d)}`", _machine(other), _target_cell(r)]
@@ -588,8 +608,10 @@ def keep_unmeasured(
         if KEPT_COMMANDS_NOTE in sections[name]:
             kept_rows = [f"| {lines[at][2:].split(' | ', 1)[0]} | {question} | {NOT_RUN_WITH_THESE_COMMANDS.format(name=name)} |  |"] if at is not None else []
         else:
-            kept_rows = [f"| {cells[0]} | {question} | {KEPT_ROW}{cells[2].removeprefix(KEPT_ROW)} | {_judged_then(cells[3])} |"
-                         for cells in (row[2:-2].split(" | ", 3) for row in _study_rows(old_block, name)) if len(cells) == 4]
+            # link | question | measured | target: the question may hold " | ", so the measured and target cells are read from the right
+            kept_rows = [f"| {cells[0]} | {question} | {KEPT_ROW}{cells[-2].removeprefix(KEPT_ROW)} | {_judged_then(cells[-1])} |"
+                         for cells in (row[2:-2].split(" | ") for row in _study_rows(old_block, name))
+                         if len(cells) >= 4 and not cells[-2].startswith("not run here")]
         if at is not None and kept_rows:
             lines[at:at + 1] = kept_rows
             block = "\n".join(lines) + "\n"
