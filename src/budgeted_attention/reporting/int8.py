@@ -71,7 +71,7 @@ def int8_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"budget": budget, "latency_ms": latency, "accuracy": accuracy}
         if dense:
             dense_latency, dense_accuracy = next(iter(dense.values()))
-            gap = round(accuracy - dense_accuracy, 6) + 0.0  # + 0.0: no "-0.00" for a gap that rounds to zero
+            gap = round(accuracy - dense_accuracy, 6) + 0.0  # round: equal means of seeds give 0, not 1e-15; + 0.0 turns -0.0 into 0.0
             entry.update(over_dense_int8=dense_latency / latency, gap_points=gap, equal_accuracy=abs(gap) <= tolerance)
         if curve:
             better = [(name, lat, acc) for (name, _), (lat, acc) in curve if lat <= latency and acc > accuracy + tolerance]
