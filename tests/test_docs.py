@@ -10,6 +10,7 @@ docs/lab/):
 * a backticked dotted name ``budgeted_attention.x.y`` or ``baa.x`` imports or resolves (and the
   ``budgeted_attention`` imports and ``baa.x`` calls of Python blocks);
 * a backticked ``*.py`` path exists (from the repository root, ``src/budgeted_attention/`` or ``tests/``);
+* a backticked test name (``test_`` and three words or more) is a test function or module of tests/;
 * a ``make TARGET`` is a target of the Makefile;
 * a relative Markdown link leads to a file that exists.
 
@@ -288,6 +289,21 @@ def test_every_source_file_exists():
             if not any((base / name).is_file() for base in (ROOT, ROOT / "src" / "budgeted_attention", ROOT / "tests")):
                 problems.append(f"{span.where()}: {name} does not exist (from the root, src/budgeted_attention/ or tests/)")
     assert not problems, "docs name source files that do not exist:\n" + "\n".join(problems)
+
+
+TEST_NAME = re.compile(r"test_\w+_\w+_\w+")  # test_ and three words or more: data.test_file is a config key
+
+
+def test_every_test_name_exists():
+    """A backticked test name (``test_`` and three words or more, as in the conformance checklists of
+    docs/extending.md) is a test function or a test module of tests/."""
+    defined = set()
+    for module in (ROOT / "tests").rglob("test_*.py"):
+        defined.add(module.stem)
+        defined.update(re.findall(r"^\s*(?:async )?def (test_\w+)", module.read_text(encoding="utf-8"), flags=re.M))
+    problems = [f"{span.where()}: `{name}` is no test function or module of tests/"
+                for span in ALL_SPANS if span.kind == "code" and TEST_NAME.fullmatch(name := span.text.strip()) and name not in defined]
+    assert not problems, "docs name tests that do not exist:\n" + "\n".join(problems)
 
 
 # --------------------------------------------------------------------------- (d) make targets

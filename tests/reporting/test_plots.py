@@ -79,3 +79,14 @@ def test_methods_without_a_fixed_style_never_take_a_listed_methods_colour_or_mar
     for name in ("reference-fp32", "dense-int8", "smaller-int8", "something-new"):
         color, marker = plots.style(name)["color"], plots.style(name)["marker"]
         assert color not in {c for c, _ in known} and marker not in {m for _, m in known}
+
+
+def test_only_an_accuracy_legend_says_its_bars_stop_at_100_percent(figures):
+    """A language model's loss has no ceiling: its legend says nothing of clipping."""
+    loss_rows = [{"method": m, "budget": b, "seed": s, "loss": 2.0 + s * 0.1 + (1 - b), "cost": b, "cost_kind": "kept-heads"}
+                 for s in (0, 1) for m, b in (("dense", 1.0), ("budgeted-hard", 0.5))]
+    plots.plot_accuracy_vs_budget(loss_rows, "unused.png", "lm")
+    plots.plot_accuracy_vs_budget(_rows(), "unused.png", "tiny")
+    loss_title, accuracy_title = (fig.axes[-1].get_legend().get_title().get_text() for fig in figures)
+    assert "clipped" not in loss_title and "std over seeds" in loss_title
+    assert "clipped at 100 %" in accuracy_title

@@ -113,6 +113,8 @@ def test_studies_page_tables_targets_replication_and_readme(tmp_path):
     assert "**" not in "".join(line for line in text.splitlines() if line.startswith("|"))  # no row bolded
     assert "![demo: accuracy_vs_speedup](figures/demo_accuracy_vs_speedup.png)" in demo_text and "± one std over seeds" in demo_text
     assert (tmp_path / "docs" / "figures" / "demo_accuracy_vs_speedup.png").is_file() and not stale.exists()
+    # the run's PNG is a 4-byte stub: the page's sweep figure is drawn anew from the run's rows
+    assert (tmp_path / "docs" / "figures" / "demo_accuracy_vs_speedup.png").stat().st_size > 1000
     assert "| 0.75 | 1 | 128 | 1 | 0.95x | 2.00x | FAILS: 0.95x (target ≥ 1x) |" in _section(text, "onnx")
     serving = _section(text, "serving")
     assert "| bursty | 2x | fixed-1 | 2 | 39.5 ± 0.7 [39.0, 40.0] |" in serving and "FAILS: SLO attainment 39.5% (target ≥ 90%)" in serving
@@ -450,3 +452,17 @@ def test_a_recorded_host_tells_two_machines_of_one_cpu_model_apart(tmp_path):
     out = tmp_path / "docs" / "results.md"
     write_studies_report(studies, out, command=COMMAND)
     assert "`runs/demo_other`" in _section(out.read_text(), "Replication")
+
+
+def test_a_run_without_a_host_beside_one_with_it_is_the_same_machine(tmp_path):
+    """Older run directories record no host: a merged run (host recorded) and its parts (none) of
+    one CPU model are one machine, and replicate nothing."""
+    studies = _studies(tmp_path)
+    run = _run(tmp_path, "demo", _sweep_rows())
+    info = json.loads((run / "run_info.json").read_text())
+    info["environment"]["host"] = "aaaa"
+    (run / "run_info.json").write_text(json.dumps(info))
+    _run(tmp_path, "demo_other", _sweep_rows(drop=0.01))  # no host: same CPU, so the same machine
+    out = tmp_path / "docs" / "results.md"
+    write_studies_report(studies, out, command=COMMAND)
+    assert "## Replication" not in out.read_text()

@@ -28,7 +28,8 @@ _STYLE = {
 _SPARE_COLORS = ("olive", "darkred", "slateblue", "sienna", "darkcyan", "crimson", "darkkhaki", "indigo")
 _SPARE_MARKERS = ("1", "2", "3", "4", "+", "x")
 FLOP_IDEAL_MARKER = "$\\circ$"  # the FLOP-ideal points of a method that was not timed: its colour, this marker, dotted
-SPREAD = "error bars: ± std over seeds, accuracy clipped at 100 %"
+SPREAD = "error bars: ± std over seeds"
+CLIPPED = ", accuracy clipped at 100 %"  # said only where the metric is accuracy
 
 
 def style(method: str) -> dict[str, str]:
@@ -39,9 +40,10 @@ def style(method: str) -> dict[str, str]:
     return {"color": color, "marker": marker}
 
 
-def _legend(ax: Any, entries: list[dict[str, Any]] | None = None, axes: tuple[Any, ...] = ()) -> None:
+def _legend(ax: Any, entries: list[dict[str, Any]] | None = None, axes: tuple[Any, ...] = (), clipped: bool = False) -> None:
     """One legend right of ``ax`` (never over the data) for its series and those of ``axes``,
-    titled with the seeds' spread when ``entries`` (the aggregates shown) are given."""
+    titled with the seeds' spread when ``entries`` (the aggregates shown) are given (and, when
+    ``clipped``, that error bars stop at 100 % accuracy)."""
     found: dict[str, Any] = {}
     for each in (*axes, ax):
         for handle, label in zip(*each.get_legend_handles_labels(), strict=True):
@@ -49,7 +51,7 @@ def _legend(ax: Any, entries: list[dict[str, Any]] | None = None, axes: tuple[An
     seeds = sorted({e["seeds"] for e in entries or []})
     n = "" if not seeds else f" (n = {seeds[0]})" if len(seeds) == 1 else f" (n = {seeds[0]}-{seeds[-1]})"
     ax.legend(list(found.values()), list(found), loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
-              title=f"mean, {SPREAD}{n}" if entries else None, title_fontsize=8)
+              title=f"mean, {SPREAD}{CLIPPED if clipped else ''}{n}" if entries else None, title_fontsize=8)
 
 
 def _save(fig: Any, path: str | Path) -> None:
@@ -106,7 +108,7 @@ def plot_accuracy_vs_cost(rows: list[dict[str, Any]], path: str | Path, title: s
     ax_cost.set_ylabel("estimated cost C(b)")
     ax_cost.set_title("budget tracking")
     ax_cost.grid(alpha=0.3)
-    _legend(ax_cost, shown, axes=(ax_acc,))
+    _legend(ax_cost, shown, axes=(ax_acc,), clipped=metric.key == "accuracy")
     _save(fig, path)
 
 
@@ -143,7 +145,7 @@ def plot_accuracy_vs_budget(rows: list[dict[str, Any]], path: str | Path, title:
     ax.set_ylabel(metric.label)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    _legend(ax, [e for entries in methods.values() for e in entries])
+    _legend(ax, [e for entries in methods.values() for e in entries], clipped=metric.key == "accuracy")
     _save(fig, path)
 
 
@@ -172,7 +174,7 @@ def plot_accuracy_vs_speedup(rows: list[dict[str, Any]], path: str | Path, title
     ax.set_ylabel(metric.label)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    _legend(ax, shown)
+    _legend(ax, shown, clipped=metric.key == "accuracy")
     _save(fig, path)
 
 

@@ -31,13 +31,14 @@ import re
 import shlex
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from budgeted_attention.io import write_text_atomic
 from budgeted_attention.reporting.int8 import int8_notes, int8_target_failures
 from budgeted_attention.reporting.ladder import ladder_comparison
+from budgeted_attention.reporting.plots import plot_accuracy_vs_budget, plot_accuracy_vs_cost, plot_accuracy_vs_speedup
 from budgeted_attention.reporting.report import ReportError, _copy_figure, _relative_link, load_run, render_command
 from budgeted_attention.reporting.results import aggregate, display_method, metric_of
 from budgeted_attention.rundir import RunDir
@@ -341,6 +342,9 @@ def _sweep_notes(run: dict[str, Any], table: dict[str, Any]) -> list[str]:
 
 
 _NOTES = {"decode": _decode_notes, "sweep": _sweep_notes}
+# A sweep run's figures that the report draws from its results rows (the names the pipeline gives them).
+_REDRAWN = {"accuracy_vs_budget.png": plot_accuracy_vs_budget, "accuracy_vs_cost.png": plot_accuracy_vs_cost,
+            "accuracy_vs_speedup.png": plot_accuracy_vs_speedup}
 
 
 # ------------------------------------------------------------------ the page
@@ -352,11 +356,15 @@ def _machine(run: dict[str, Any]) -> str:
     return ", ".join(p for p in parts if p)
 
 
-def _machine_key(run: dict[str, Any]) -> str | None:
-    """Which machine a run ran on: its recorded host (a hash), else its CPU and count; None when
-    nothing is recorded (an unknown machine is no second machine)."""
-    env = run["info"].get("environment") if isinstance(run["info"].get("environment"), dict) else {}
-    return env.get("host") or (_machine(run) if env.get("processor") else None)
+def _other_machines(runs: list[dict[str, Any]]) -> bool:
+    """Whether ``runs`` ran on more than one machine: two runs differ when their CPUs (processor and
+    count) differ, or both record a host (a hash) and the hosts differ. A run without a recorded
+    processor is no second machine, nor is one without a host beside one with it (older runs did
+    not record hosts: the same CPU is then taken as the same machine)."""
+    envs = [r["info"].get("environment") if isinstance(r["info"].get("environment"), dict) else {} for r in runs]
+    known = [(env.get("host"), _machine(run)) for env, run in zip(envs, runs) if env.get("processor")]
+    return any(cpu_a != cpu_b or (host_a and host_b and host_a != host_b)
+               for i, (host_a, cpu_a) in enumerate(known) for host_b, cpu_b in known[i + 1:])
 
 
 def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -401,8 +409,9 @@ def _selected(study: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[st
 
 def build_studies(
     studies: list[dict[str, Any]], root: Path, out: Path, figures_dir: Path, command: str, archive: Path | None = None
-) -> tuple[str, list[list[str]], list[tuple[Path, Path]]]:
-    """(the page, README's headline rows, the figures to copy as (source, target) pairs).
+) -> tuple[str, list[list[str]], list[tuple[Path | Callable[[Path], None], Path]]]:
+    """(the page, README's headline rows, the figures to write as (source, target) pairs: a source
+    is a run's PNG to copy, or a function that draws the figure to the path it is given).
 
     With ``archive``, every run directory is read from its archived copy (:func:`archived`)."""
 
@@ -450,13 +459,17 @@ def build_studies(
             headline.append([name, study["question"], f"no rows in `{primary}`", ""])
         figure = where(primary) / str(study.get("figure", ""))
         if study.get("figure") and figure.is_file():
-            copies.append((figure, figures_dir / f"{name}_{figure.name}"))
+            redraw = _REDRAWN.get(figure.name) if table["kind"] == "sweep" else None
+            # a sweep's accuracy plots are drawn anew from its results rows, so a plotting fix reaches
+            # the page without rerunning the study; other figures are the run's own
+            source = figure if redraw is None else (lambda target, plot=redraw, rows=run["rows"], title=run.get("config_name") or run["name"]: plot(rows, target, title))
+            copies.append((source, figures_dir / f"{name}_{figure.name}"))
             spread = " Points: mean over seeds; error bars: ± one std over seeds." if figure.name.startswith("accuracy_vs_") else ""
             lines += ["", f"![{name}: {figure.stem}]({_relative_link(copies[-1][1], out)})", "", f"Figure: `{figure.name}` of `{shown(primary)}`.{spread}"]
         elif study.get("figure"):
             lines += ["", f"Figure `{study['figure']}`: not in `{shown(primary)}`."]
         found = [(d, m) for d, m in measured.items() if m is not None]
-        if len({_machine_key(m[0]) for _, m in found} - {None}) > 1:  # one machine's runs replicate nothing across machines
+        if _other_machines([m[0] for _, m in found]):  # one machine's runs replicate nothing across machines
             wanted = {tuple(sorted(r["key"].items())) for r in _selected(study, rows) or rows}
             for d, (other, _, other_rows) in found:
                 replicated += [[name, _label(r), r["brief"], f"`{shown(d)}`", _machine(other), _target_cell(r)]
@@ -517,7 +530,10 @@ def write_studies_report(
         if stale.name not in kept and owner is not None and owner not in unmeasured:
             stale.unlink()
     for source, target in copies:
-        _copy_figure(source, target)
+        if callable(source):
+            source(target)
+        else:
+            _copy_figure(source, target)
     write_text_atomic(out, text)
     if readme_text is not None:
         write_text_atomic(readme, readme_text)
