@@ -27,8 +27,9 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 # The studies of studies.yaml: `make study-NAME` runs one study's commands (each resumes its run
-# directory), `make results` runs them all (many hours on 2 cores) and writes docs/results.md and
-# README's headline table from the run directories. `make report` only writes the page.
+# directory; a benchmark script skips a measurement it made already), `make results` runs them all
+# (many hours on 2 cores) and writes docs/results.md and README's headline table from the run
+# directories. `make report` only writes the page.
 STUDY_SH = PATH="$(CURDIR)/$(BIN):$$PATH" sh -exc
 
 study-%: $(STAMP)

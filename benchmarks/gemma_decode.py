@@ -46,7 +46,7 @@ from budgeted_attention.pruning.selection import Ranking
 from budgeted_attention.pruning.surgery import prune_to_budget, sort_heads
 from budgeted_attention.pruning.switching import SlicedModel
 from budgeted_attention.reporting.plots import plot_speedups
-from budgeted_attention.rundir import RunDir
+from budgeted_attention.rundir import RunDir, resume_script
 from budgeted_attention.tasks import TASKS
 
 DECODE_FIGURE = "decode_speedup.png"  # measured and FLOP-ideal speedup per budget
@@ -138,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true", help="measure anew even when --out holds this measurement already")
     args = parser.parse_args(argv)
+    if (done := resume_script(args.out, "benchmarks/gemma_decode.py", list(argv if argv is not None else sys.argv[1:]), args.force)) is not None:
+        return done
     warnings.filterwarnings("ignore")
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(args.threads, 1))

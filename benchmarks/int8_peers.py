@@ -49,7 +49,7 @@ from budgeted_attention.data.text import TextDataConfig, split_examples
 from budgeted_attention.export.onnx import export_model, make_session, quantize_graph
 from budgeted_attention.io import environment_info, write_json_atomic
 from budgeted_attention.pruning.surgery import prune_to_budget
-from budgeted_attention.rundir import RunDir
+from budgeted_attention.rundir import RunDir, resume_script
 from budgeted_attention.serving.engine import load_tokenizer
 
 EVAL_BATCH = 32
@@ -249,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--min-run-time", type=float, default=0.3)
     parser.add_argument("--peers", default="", help="comma-separated run directories of smaller pretrained models' dense fine-tunes (same seeds, tokenizer and data)")
+    parser.add_argument("--force", action="store_true", help="measure anew even when --out holds this measurement already")
     args = parser.parse_args(argv)
+    if (done := resume_script(args.out, "benchmarks/int8_peers.py", list(argv if argv is not None else sys.argv[1:]), args.force)) is not None:
+        return done
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     run = RunDir(args.run_dir)

@@ -58,7 +58,7 @@ from budgeted_attention.data.text import TextDataConfig, split_examples
 from budgeted_attention.errors import ConfigError
 from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
 from budgeted_attention.reporting.serve_load import serve_load_markdown
-from budgeted_attention.rundir import RunDir
+from budgeted_attention.rundir import RunDir, resume_script
 from budgeted_attention.serving.load import (
     ARRIVALS,
     BURST_OFF_S,
@@ -331,7 +331,7 @@ def shut_down(process: subprocess.Popen) -> int:
         return process.wait()
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir")
     parser.add_argument("--out", required=True, help="run directory for the results, e.g. runs/serve_load")
@@ -362,7 +362,10 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="server setting, passed to baa serve --set")
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
                         help="A/B: a second server with this setting added (repeatable); every trial runs on both, interleaved")
+    parser.add_argument("--force", action="store_true", help="measure anew even when --out holds this measurement already")
     args = parser.parse_args()
+    if (done := resume_script(args.out, "benchmarks/serve_load.py", sys.argv[1:], args.force)) is not None:
+        return done
     if args.capacity_rps < 0:
         parser.error(f"--capacity-rps must be >= 0, got {args.capacity_rps}")
     if args.deadline_ms < 0:
@@ -397,7 +400,8 @@ def main() -> None:
     write_text_atomic(out_dir.results_md, "# serve load test\n\n" + serve_load_markdown(result))
     plot(result, out / "slo.png")
     print(serve_load_markdown(result))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

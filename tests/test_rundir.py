@@ -94,3 +94,21 @@ def test_create_keeps_every_invocation_with_its_own_commit(tmp_path, monkeypatch
     assert [(i["commit"], i["dirty"]) for i in info["invocations"]] == [("aaa", False), ("bbb", True)]
     assert info["environment"]["commit"] == "bbb"  # the environment is the latest invocation's
     assert info["seeds"] == [0] and RunDir.open(out) == run
+
+
+def test_a_benchmark_script_knows_what_it_measured_already(tmp_path):
+    """benchmarks/*.py skip a run directory that holds their measurement with the same arguments
+    (``make study-NAME`` resumes), and refuse one of other arguments or of no recorded command."""
+    out = RunDir(tmp_path / "bench")
+    assert not out.measured_by("benchmarks/x.py", ["run", "--out", str(out.path)])  # nothing there yet
+    out.path.mkdir()
+    out.results_json.write_text(json.dumps({"rows": []}))
+    with pytest.raises(RunDirError, match="no recorded command"):
+        out.measured_by("benchmarks/x.py", ["run"])
+    out.run_info.write_text(json.dumps({"command": ["python", "benchmarks/x.py", "run", "--seed", "1"]}))
+    assert out.measured_by("benchmarks/x.py", ["run", "--seed", "1"])
+    assert out.measured_by("benchmarks/x.py", ["run", "--seed", "1", "--force"])  # --force is no other measurement
+    with pytest.raises(RunDirError, match=r"other arguments \(run --seed 1\); benchmarks/x.py --force measures anew"):
+        out.measured_by("benchmarks/x.py", ["run", "--seed", "2"])
+    out.run_info.write_text(json.dumps({"invocations": [{"command": ["python", "benchmarks/x.py", "run"]}]}))  # serve_load's record
+    assert out.measured_by("benchmarks/x.py", ["run"])

@@ -60,6 +60,20 @@ class Artifact:
         return self if run is None else run.path / self.name
 
 
+def resume_script(out: str | Path, script: str, args: list[str], force: bool = False) -> int | None:
+    """What a benchmark script does first with its ``--out`` (:meth:`RunDir.measured_by`): None
+    to measure; 0 (a line says so) when the directory holds this measurement already, unless
+    ``force``; 2 (a line on stderr names why) when it holds another one."""
+    try:
+        if not force and RunDir(out).measured_by(script, args):
+            print(f"{out}: measured already by this command (--force measures anew)")
+            return 0
+    except RunDirError as exc:
+        print(f"{script}: {exc}", file=sys.stderr)
+        return 2
+    return None
+
+
 class RunDir:
     """A run directory at ``path``: the path of each artifact, the lookups over seeds and
     checkpoints, :meth:`create` (the pipeline's stamp) and :meth:`open` (the readers' check).
@@ -124,6 +138,31 @@ class RunDir:
         ``bench*.json``, figure and finished-unit record), those that exist, sorted."""
         named = [self.path / name for name in self.RECORDS]
         return sorted(p for p in [*named, *self.benches(), *self.figures(), *self.unit_records()] if p.is_file())
+
+    def measured_by(self, script: str, args: list[str]) -> bool:
+        """Whether a benchmark script (``benchmarks/*.py``) already measured into this run
+        directory with these command-line ``args``: ``results.json`` exists (the scripts write it
+        last but one, before ``run_info.json``) and ``run_info.json`` records the same arguments.
+        What makes ``make study-NAME`` resumable across its script steps.
+
+        Raises :class:`RunDirError` when the directory holds a measurement of other arguments, or
+        results without a ``run_info.json`` to say how they were made (``--force`` measures anew).
+        """
+        if not self.results_json.is_file():
+            return False
+        recorded: Any = None
+        if self.run_info.is_file():
+            info = json.loads(self.run_info.read_text(encoding="utf-8"))
+            invocations = info.get("invocations") or [{}]
+            recorded = info.get("command") or (invocations[0].get("command") if isinstance(invocations[0], dict) else None)
+        if not isinstance(recorded, list):
+            raise RunDirError(f"'{self.path}' holds {self.results_json.name} but no recorded command in {self.run_info.name}: "
+                              f"{script} --force measures anew, or give another --out")
+        wanted = [a for a in args if a != "--force"]
+        if [str(a) for a in recorded[2:] if a != "--force"] != wanted:  # recorded: python SCRIPT ARGS...
+            raise RunDirError(f"'{self.path}' holds a measurement of other arguments ({' '.join(map(str, recorded[2:]))}); "
+                              f"{script} --force measures anew, or give another --out")
+        return True
 
     def archive(self, target: str | Path) -> RunDir:
         """Copy :meth:`record_files` to the folder ``target`` (same relative paths) and return it

@@ -236,3 +236,9 @@ def test_int8_peers_benchmark_reports_every_system_on_the_test_split(tiny_run, t
     torch_model = next(r for r in rows if r["method"] == "budgeted-hard")
     assert float_graph["accuracy"] == torch_model["accuracy"]  # the float graph predicts what PyTorch predicts
     assert (out / "accuracy_vs_latency.png").stat().st_size > 0 and (out / "run_info.json").is_file()
+    # measured: the same command again measures nothing (make study-NAME resumes), other arguments are refused
+    args = [str(tiny_run), "--out", str(out), "--budgets", "0.5", "--batch-sizes", "1", "--rounds", "1", "--min-run-time", "0.005",
+            "--peers", str(tiny_run)]
+    before = (out / "results.json").stat().st_mtime_ns
+    assert main_of(args) == 0 and (out / "results.json").stat().st_mtime_ns == before
+    assert main_of([*args[:-2], "--budgets", "0.25"]) == 2 and (out / "results.json").stat().st_mtime_ns == before
