@@ -49,6 +49,7 @@ from budgeted_attention.data.text import TextDataConfig, split_examples
 from budgeted_attention.export.onnx import export_model, make_session, quantize_graph
 from budgeted_attention.io import environment_info, write_json_atomic
 from budgeted_attention.pruning.surgery import prune_to_budget
+from budgeted_attention.reporting.plots import plot_accuracy_vs_latency
 from budgeted_attention.rundir import RunDir, resume_script
 from budgeted_attention.serving.engine import load_tokenizer
 
@@ -108,8 +109,9 @@ def _peer_model(peer: RunDir, seed: int, run: RunDir):
 
 
 def measure_seed(run: RunDir, seed: int, budgets: list[float], batch_sizes: list[int], seq_len: int, threads: int, rounds: int,
-                 min_run_time: float, folder: Path, peers: list[RunDir] = (), log=print) -> tuple[list[dict], dict]:
-    """The rows of one seed and its latency table ``{setting: {system: ms per batch}}``."""
+                 min_run_time: float, folder: Path, peers: list[RunDir] = (), log=print, per_channel: bool = False) -> tuple[list[dict], dict]:
+    """The rows of one seed and its latency table ``{setting: {system: ms per batch}}`` (int8
+    weights per output channel with ``per_channel``, else per tensor)."""
     dense, _ = load_model(run.checkpoint_description(seed, "dense"))
     hard_path = run.checkpoint_description(seed, "budgeted-hard")
     hard, description = load_model(hard_path)
@@ -141,7 +143,7 @@ def measure_seed(run: RunDir, seed: int, budgets: list[float], batch_sizes: list
     kept: dict[str, torch.nn.Module] = {}
     for key, (method, b, model) in graphs.items():
         float_path = export_model(model, folder / f"seed{seed}-{key}.onnx")
-        int8_path = quantize_graph(float_path, folder / f"seed{seed}-{key}.int8.onnx")
+        int8_path = quantize_graph(float_path, folder / f"seed{seed}-{key}.int8.onnx", per_channel=per_channel)
         float_call, int8_call = _onnx_runner(make_session(float_path, threads)), _onnx_runner(make_session(int8_path, threads))
         if method == "budgeted-hard":
             systems[key] = (method, b, _torch_runner(model.inference_module()))
@@ -192,51 +194,6 @@ def measure_seed(run: RunDir, seed: int, budgets: list[float], batch_sizes: list
     return rows, {"reference": reference_name, "latency_ms": latency, "agreement_with_float": agreement}
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    """Test accuracy against latency at the rows' batch (1 unless not timed), one series per system (its own colour and marker),
-    mean over seeds with the seeds' standard deviation as error bars in both directions; the
-    legend sits outside the axes so it covers no point."""
-    import statistics  # noqa: PLC0415
-
-    import matplotlib  # noqa: PLC0415 - plotting only here
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    def spread(values: list[float]) -> float:
-        return statistics.stdev(values) if len(values) > 1 else 0.0
-
-    groups: dict[str, list[tuple[float, float, float, float, float]]] = {}
-    for method in dict.fromkeys(r["method"] for r in rows):
-        for b in sorted({r["budget"] for r in rows if r["method"] == method}):
-            members = [r for r in rows if r["method"] == method and r["budget"] == b]
-            latencies, accuracies = [r["latency_ms"] for r in members], [100 * r["accuracy"] for r in members]
-            groups.setdefault(method, []).append((statistics.fmean(latencies), statistics.fmean(accuracies), spread(latencies), spread(accuracies), b))
-    colours = plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2]  # 20 distinct, the strong ten first
-    markers = "osD^vP*Xh<>"
-    fig, ax = plt.subplots(figsize=(8.5, 4.5))
-    for index, (method, points) in enumerate(groups.items()):
-        xs, ys, xerr, yerr, bs = zip(*points)
-        ax.errorbar(xs, ys, xerr=xerr, yerr=yerr, marker=markers[index % len(markers)], color=colours[index % len(colours)],
-                    capsize=2, linewidth=1.2, markersize=6, label=method)
-        if len(points) > 1:
-            for x, y, *_, b in points:
-                # float and int8 graphs of one budget sit close together: float labels go above, int8 labels below
-                ax.annotate(f"{b:g}", (x, y), textcoords="offset points", xytext=(4, -10 if method.endswith("int8") else 4), fontsize=7,
-                            color=colours[index % len(colours)])
-    ax.set_xscale("log")
-    ax.set_xlabel(f"latency at batch {rows[0]['bench_batch_size']}, seq {rows[0]['bench_seq_len']} (ms, log scale)")
-    ax.set_ylabel("test accuracy %")
-    ax.set_title("labels: budget (smaller-*: forward FLOPs over the full model's); bars: std over seeds", fontsize=8)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="a run directory of 'baa experiment' with dense and budgeted-hard checkpoints (a family with ONNX export)")
@@ -248,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--min-run-time", type=float, default=0.3)
+    parser.add_argument("--per-channel", action="store_true", help="int8 weights per output channel (default: per tensor, ONNX Runtime's default)")
     parser.add_argument("--peers", default="", help="comma-separated run directories of smaller pretrained models' dense fine-tunes (same seeds, tokenizer and data)")
     parser.add_argument("--force", action="store_true", help="measure anew even when --out holds this measurement already")
     args = parser.parse_args(argv)
@@ -271,14 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="baa-int8-") as folder:
         for seed in seeds:
             seed_rows, detail = measure_seed(run, seed, budgets, [int(b) for b in args.batch_sizes.split(",")], args.seq_len, args.threads,
-                                             args.rounds, args.min_run_time, Path(folder), peers)
+                                             args.rounds, args.min_run_time, Path(folder), peers, per_channel=args.per_channel)
             rows += seed_rows
             details[str(seed)] = detail
     out = RunDir(args.out)
     out.path.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out.path / "int8_peers.json", {"source_run": str(args.run_dir), "seeds": details, "setting": vars(args)})
     write_json_atomic(out.results_json, {"rows": rows})
-    plot(rows, out.path / "accuracy_vs_latency.png")
+    plot_accuracy_vs_latency(rows, out.path / "accuracy_vs_latency.png", out.path.name)
     write_json_atomic(out.run_info, {"seeds": seeds, "command": ["python", "benchmarks/int8_peers.py", *(argv or sys.argv[1:])],
                                      "environment": environment_info(), "wall_s": time.perf_counter() - started})
     print(f"wrote {out.results_json} ({len(rows)} rows, {time.perf_counter() - started:.0f} s)")

@@ -90,3 +90,27 @@ def test_only_an_accuracy_legend_says_its_bars_stop_at_100_percent(figures):
     loss_title, accuracy_title = (fig.axes[-1].get_legend().get_title().get_text() for fig in figures)
     assert "clipped" not in loss_title and "std over seeds" in loss_title
     assert "clipped at 100 %" in accuracy_title
+
+
+def test_accuracy_against_latency_gives_every_system_its_own_style_and_keeps_the_legend_off(figures):
+    """The quantized-models plot (benchmarks/int8_peers.py, redrawn by baa report): one series per
+    system, the seeds' spread both ways, labels on the budgets but not on the ONNX float graphs."""
+    rows = [{"method": m, "budget": b, "seed": s, "accuracy": 0.9 + 0.01 * s, "latency_ms": lat * (1 + 0.05 * s),
+             "bench_batch_size": 1, "bench_seq_len": 128, **({"variant": v} if v else {})}
+            for s in (0, 1, 2)
+            for m, b, lat, v in (("reference-fp32", 1.0, 30.0, ""), ("dense-int8", 1.0, 11.0, ""), ("budgeted-hard-int8", 0.5, 7.0, ""),
+                                 ("budgeted-hard-int8", 0.25, 5.0, ""), ("budgeted-hard-onnx-fp32", 0.5, 14.0, ""),
+                                 ("budgeted-hard-onnx-fp32", 0.25, 7.5, ""), ("smaller-int8", 0.5, 5.5, "l3"), ("smaller-int8", 0.33, 3.5, "l2"))]
+    plots.plot_accuracy_vs_latency(rows, "unused.png", "int8")
+    fig = figures[0]
+    ax = fig.axes[0]
+    series = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert [c.get_label() for c in series] == ["reference-fp32", "dense-int8", "budgeted-hard-int8", "budgeted-hard-onnx-fp32", "smaller-int8"]
+    assert all(c.has_xerr and c.has_yerr for c in series)
+    styles = [(c.lines[0].get_color(), c.lines[0].get_marker()) for c in series]
+    assert len(set(styles)) == len(styles)
+    labels = sorted(t.get_text() for t in ax.texts)
+    assert labels == ["0.25", "0.33", "0.5", "0.5"]  # int8 budgets and the smaller models; none on the float graphs
+    fig.canvas.draw()
+    box = ax.get_legend().get_window_extent()
+    assert not box.overlaps(ax.get_window_extent())

@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 from budgeted_attention.io import atomic_path  # noqa: E402
 from budgeted_attention.reporting.results import aggregate, metric_of  # noqa: E402
@@ -175,6 +176,42 @@ def plot_accuracy_vs_speedup(rows: list[dict[str, Any]], path: str | Path, title
     ax.set_title(title)
     ax.grid(alpha=0.3)
     _legend(ax, shown, clipped=metric.key == "accuracy")
+    _save(fig, path)
+
+
+def plot_accuracy_vs_latency(rows: list[dict[str, Any]], path: str | Path, title: str) -> None:
+    """Test accuracy against measured latency (ms per batch at the rows' ``bench_batch_size`` and
+    ``bench_seq_len``, log scale), one series per system of a quantized-models run
+    (``benchmarks/int8_peers.py``: ``reference-fp32``, ``dense-int8``, ``budgeted-hard-int8``, ...),
+    mean over seeds with the seeds' std as bars in both directions; points labelled with their
+    budget (a smaller model's: its forward FLOPs over the full model's), except the ONNX float
+    graphs, which sit on their PyTorch models' points."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    colours = plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2]  # 20 distinct, the strong ten first
+    markers = "osD^vP*Xh<>"
+    methods = list(dict.fromkeys(r["method"] for r in rows if isinstance(r.get("latency_ms"), (int, float))))
+    shown = []
+    for index, method in enumerate(methods):
+        entries = sorted((e for e in aggregate([r for r in rows if r["method"] == method]) if "latency_ms_mean" in e),
+                         key=lambda e: e["latency_ms_mean"])
+        shown += entries
+        colour = colours[index % len(colours)]
+        _errorbar(ax, method, entries, lambda e: e["latency_ms_mean"], lambda e: (100 * e["accuracy_mean"], 100 * e["accuracy_std"], 100.0),
+                  xerr=lambda e: e["latency_ms_std"], color=colour, marker=markers[index % len(markers)], markersize=6, linewidth=1.2)
+        if len(entries) > 1 and not method.endswith("-onnx-fp32"):
+            for e in entries:  # float and int8 of one budget sit close together: int8 labels below, others above
+                ax.annotate(f"{e['budget']:g}", (e["latency_ms_mean"], 100 * e["accuracy_mean"]), textcoords="offset points",
+                            xytext=(4, -10 if method.endswith("int8") else 4), fontsize=7, color=colour)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    first = rows[0] if rows else {}
+    ax.set_xlabel(f"latency at batch {first.get('bench_batch_size', '?')}, seq {first.get('bench_seq_len', '?')} (ms, log scale)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"{title}: labels are budgets (smaller-*: forward FLOPs over the full model's)", fontsize=9)
+    ax.grid(alpha=0.3)
+    _legend(ax, shown, clipped=True)
     _save(fig, path)
 
 

@@ -38,7 +38,9 @@ import yaml
 from budgeted_attention.io import write_text_atomic
 from budgeted_attention.reporting.int8 import int8_notes, int8_target_failures
 from budgeted_attention.reporting.ladder import ladder_comparison
-from budgeted_attention.reporting.plots import plot_accuracy_vs_budget, plot_accuracy_vs_cost, plot_accuracy_vs_speedup
+from budgeted_attention.reporting.plots import (
+    plot_accuracy_vs_budget, plot_accuracy_vs_cost, plot_accuracy_vs_latency, plot_accuracy_vs_speedup,
+)
 from budgeted_attention.reporting.report import ReportError, _copy_figure, _relative_link, load_run, render_command
 from budgeted_attention.reporting.results import aggregate, display_method, metric_of
 from budgeted_attention.rundir import RunDir
@@ -342,9 +344,10 @@ def _sweep_notes(run: dict[str, Any], table: dict[str, Any]) -> list[str]:
 
 
 _NOTES = {"decode": _decode_notes, "sweep": _sweep_notes}
-# A sweep run's figures that the report draws from its results rows (the names the pipeline gives them).
+# A sweep run's figures that the report draws from its results rows (the names the pipeline and
+# benchmarks/int8_peers.py give them).
 _REDRAWN = {"accuracy_vs_budget.png": plot_accuracy_vs_budget, "accuracy_vs_cost.png": plot_accuracy_vs_cost,
-            "accuracy_vs_speedup.png": plot_accuracy_vs_speedup}
+            "accuracy_vs_speedup.png": plot_accuracy_vs_speedup, "accuracy_vs_latency.png": plot_accuracy_vs_latency}
 
 
 # ------------------------------------------------------------------ the page
