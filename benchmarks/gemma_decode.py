@@ -247,10 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     run = RunDir(out)
     write_json_atomic(run.decode_bench, bench)
     write_json_atomic(run.results_json, {"rows": []})
-    write_json_atomic(run.run_info, {"seeds": [args.seed], "command": ["python", "benchmarks/gemma_decode.py", *(argv or sys.argv[1:])],
-                                              "environment": environment_info()})
     # measured and FLOP-ideal speedup over b = 1 per budget, one line per phase and batch
     plot_speedups([{**r, "scope": r["phase"], "seq_len": r["tokens"]} for r in rows], out / DECODE_FIGURE)
+    # run_info.json last: what a resumed study reads as done
+    write_json_atomic(run.run_info, {"seeds": [args.seed], "command": ["python", "benchmarks/gemma_decode.py", *(argv or sys.argv[1:])],
+                                              "environment": environment_info()})
     for key, value in checks.items():
         print(f"{key}: {value}")
     print(f"wrote {run.decode_bench} ({time.perf_counter() - started:.0f} s)")

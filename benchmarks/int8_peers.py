@@ -1,6 +1,6 @@
 """Budgets composed with int8, against what users pick instead: accuracy and latency of one run's models.
 
-    python benchmarks/int8_peers.py runs/minilm_bbc_short_all --out runs/int8_minilm
+    python benchmarks/int8_peers.py runs/minilm_bbc_short_int8 --out runs/int8_minilm
 
 For every seed of the run directory (``--seeds``), in one process, on the same inputs and thread count:
 
@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", default="", help="comma-separated run directories of smaller pretrained models' dense fine-tunes (same seeds, tokenizer and data)")
     parser.add_argument("--force", action="store_true", help="measure anew even when --out holds this measurement already")
     args = parser.parse_args(argv)
-    if (done := resume_script(args.out, "benchmarks/int8_peers.py", list(argv if argv is not None else sys.argv[1:]), args.force)) is not None:
+    if (done := resume_script(args.out, "benchmarks/int8_peers.py", list(argv if argv is not None else sys.argv[1:]), args.force,
+                              sources=(args.run_dir, *(p for p in args.peers.split(",") if p)))) is not None:
         return done
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -235,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     out = RunDir(args.out)
     out.path.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out.path / "int8_peers.json", {"source_run": str(args.run_dir), "seeds": details, "setting": vars(args)})
-    write_json_atomic(out.results_json, {"rows": rows})
     plot_accuracy_vs_latency(rows, out.path / "accuracy_vs_latency.png", out.path.name)
+    write_json_atomic(out.results_json, {"rows": rows})  # then run_info.json, last: what a resumed study reads as done
     write_json_atomic(out.run_info, {"seeds": seeds, "command": ["python", "benchmarks/int8_peers.py", *(argv or sys.argv[1:])],
                                      "environment": environment_info(), "wall_s": time.perf_counter() - started})
     print(f"wrote {out.results_json} ({len(rows)} rows, {time.perf_counter() - started:.0f} s)")

@@ -364,7 +364,7 @@ def main() -> int:
                         help="A/B: a second server with this setting added (repeatable); every trial runs on both, interleaved")
     parser.add_argument("--force", action="store_true", help="measure anew even when --out holds this measurement already")
     args = parser.parse_args()
-    if (done := resume_script(args.out, "benchmarks/serve_load.py", sys.argv[1:], args.force)) is not None:
+    if (done := resume_script(args.out, "benchmarks/serve_load.py", sys.argv[1:], args.force, sources=(args.run_dir,))) is not None:
         return done
     if args.capacity_rps < 0:
         parser.error(f"--capacity-rps must be >= 0, got {args.capacity_rps}")
@@ -395,10 +395,11 @@ def main() -> int:
     out_dir = RunDir(out)
     write_json_atomic(out_dir.serve_load, result)
     write_json_atomic(out_dir.results_json, {"rows": [], "wall_time_s": result["wall_time_s"], "kind": "serve_load"})
-    write_json_atomic(out_dir.run_info, {"seeds": [args.seed], "environment": environment,
-                                        "invocations": [{"command": ["python", *sys.argv], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(began))}]})
     write_text_atomic(out_dir.results_md, "# serve load test\n\n" + serve_load_markdown(result))
     plot(result, out / "slo.png")
+    # run_info.json last: what a resumed study reads as done
+    write_json_atomic(out_dir.run_info, {"seeds": [args.seed], "environment": environment,
+                                        "invocations": [{"command": ["python", *sys.argv], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(began))}]})
     print(serve_load_markdown(result))
     return 0
 

@@ -1,6 +1,7 @@
 """RunDir: every artifact path of a run directory, its lookups, its stamp and its checks."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,18 @@ def test_a_benchmark_script_knows_what_it_measured_already(tmp_path):
     out.run_info.write_text(json.dumps({"command": ["python", "benchmarks/x.py", "run", "--seed", "1"]}))
     assert out.measured_by("benchmarks/x.py", ["run", "--seed", "1"])
     assert out.measured_by("benchmarks/x.py", ["run", "--seed", "1", "--force"])  # --force is no other measurement
-    with pytest.raises(RunDirError, match=r"other arguments \(run --seed 1\); benchmarks/x.py --force measures anew"):
+    with pytest.raises(RunDirError, match=r"other arguments \(run --seed 1\): benchmarks/x.py --force measures anew"):
         out.measured_by("benchmarks/x.py", ["run", "--seed", "2"])
     out.run_info.write_text(json.dumps({"invocations": [{"command": ["python", "benchmarks/x.py", "run"]}]}))  # serve_load's record
     assert out.measured_by("benchmarks/x.py", ["run"])
+    with pytest.raises(RunDirError, match="holds a measurement of benchmarks/x.py, not benchmarks/y.py"):
+        out.measured_by("benchmarks/y.py", ["run"])
+    source = RunDir(tmp_path / "source")
+    source.path.mkdir()
+    source.results_json.write_text("{}")
+    os.utime(out.run_info, (1, 1))  # measured long before the source's results
+    with pytest.raises(RunDirError, match="was measured before .*source' changed"):
+        out.measured_by("benchmarks/x.py", ["run"], sources=(source.path,))
+    out.run_info.write_text("[not an object")
+    with pytest.raises(RunDirError, match="no recorded command"):
+        out.measured_by("benchmarks/x.py", ["run"])

@@ -60,12 +60,13 @@ class Artifact:
         return self if run is None else run.path / self.name
 
 
-def resume_script(out: str | Path, script: str, args: list[str], force: bool = False) -> int | None:
-    """What a benchmark script does first with its ``--out`` (:meth:`RunDir.measured_by`): None
-    to measure; 0 (a line says so) when the directory holds this measurement already, unless
-    ``force``; 2 (a line on stderr names why) when it holds another one."""
+def resume_script(out: str | Path, script: str, args: list[str], force: bool = False, sources: tuple[str | Path, ...] = ()) -> int | None:
+    """What a benchmark script does first with its ``--out`` (:meth:`RunDir.measured_by`, with the
+    run directories it measures as ``sources``): None to measure; 0 (a line says so) when the
+    directory holds this measurement already, unless ``force``; 2 (a line on stderr names why)
+    when it holds another or a stale one."""
     try:
-        if not force and RunDir(out).measured_by(script, args):
+        if not force and RunDir(out).measured_by(script, args, sources):
             print(f"{out}: measured already by this command (--force measures anew)")
             return 0
     except RunDirError as exc:
@@ -139,29 +140,39 @@ class RunDir:
         named = [self.path / name for name in self.RECORDS]
         return sorted(p for p in [*named, *self.benches(), *self.figures(), *self.unit_records()] if p.is_file())
 
-    def measured_by(self, script: str, args: list[str]) -> bool:
+    def measured_by(self, script: str, args: list[str], sources: tuple[str | Path, ...] = ()) -> bool:
         """Whether a benchmark script (``benchmarks/*.py``) already measured into this run
-        directory with these command-line ``args``: ``results.json`` exists (the scripts write it
-        last but one, before ``run_info.json``) and ``run_info.json`` records the same arguments.
-        What makes ``make study-NAME`` resumable across its script steps.
+        directory with these command-line ``args``: ``results.json`` exists, and ``run_info.json``
+        (the scripts write it last) records the same script and arguments and is newer than the
+        ``results.json`` of every run directory in ``sources`` (the runs it measured: retrained
+        since, they make the measurement stale). What makes ``make study-NAME`` resumable across
+        its script steps.
 
-        Raises :class:`RunDirError` when the directory holds a measurement of other arguments, or
-        results without a ``run_info.json`` to say how they were made (``--force`` measures anew).
+        Raises :class:`RunDirError` when the directory holds another measurement (other script or
+        arguments), a stale one, or results without a readable ``run_info.json`` to say how they
+        were made (``--force`` measures anew).
         """
         if not self.results_json.is_file():
             return False
+        again = f"{script} --force measures anew, or give another --out"
         recorded: Any = None
-        if self.run_info.is_file():
+        try:
             info = json.loads(self.run_info.read_text(encoding="utf-8"))
             invocations = info.get("invocations") or [{}]
             recorded = info.get("command") or (invocations[0].get("command") if isinstance(invocations[0], dict) else None)
-        if not isinstance(recorded, list):
-            raise RunDirError(f"'{self.path}' holds {self.results_json.name} but no recorded command in {self.run_info.name}: "
-                              f"{script} --force measures anew, or give another --out")
-        wanted = [a for a in args if a != "--force"]
-        if [str(a) for a in recorded[2:] if a != "--force"] != wanted:  # recorded: python SCRIPT ARGS...
-            raise RunDirError(f"'{self.path}' holds a measurement of other arguments ({' '.join(map(str, recorded[2:]))}); "
-                              f"{script} --force measures anew, or give another --out")
+        except (OSError, ValueError, AttributeError):
+            pass  # missing, not JSON, or not an object: no recorded command
+        if not isinstance(recorded, list) or len(recorded) < 2:
+            raise RunDirError(f"'{self.path}' holds {self.results_json.name} but no recorded command in {self.run_info.name}: {again}")
+        if Path(str(recorded[1])).name != Path(script).name:  # recorded: python SCRIPT ARGS...
+            raise RunDirError(f"'{self.path}' holds a measurement of {recorded[1]}, not {script}: {again}")
+        if [str(a) for a in recorded[2:] if a != "--force"] != [a for a in args if a != "--force"]:
+            raise RunDirError(f"'{self.path}' holds a measurement of other arguments ({' '.join(map(str, recorded[2:]))}): {again}")
+        measured = self.run_info.stat().st_mtime
+        for source in sources:
+            results = RunDir(source).results_json
+            if results.is_file() and results.stat().st_mtime > measured:
+                raise RunDirError(f"'{self.path}' was measured before '{source}' changed (its {results.name} is newer): {again}")
         return True
 
     def archive(self, target: str | Path) -> RunDir:
