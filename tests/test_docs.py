@@ -517,3 +517,13 @@ def test_every_experiment_config_in_the_docs_loads(where, text, tmp_path):
         load_experiment_config(str(path))
     except Exception as exc:  # noqa: BLE001 - the message is the finding
         pytest.fail(f"{where}: {type(exc).__name__}: {exc}")
+
+
+def test_the_results_page_is_the_studies_in_at_most_ten_tables():
+    """docs/results.md (generated) holds one section per study of studies.yaml, in its order, at
+    most ten, and a replication section only beside them."""
+    headings = re.findall(r"^## (.+)$", (DOCS / "results.md").read_text(encoding="utf-8"), flags=re.M)
+    studies = [h for h in headings if h != "Replication"]
+    in_order = [str(s.get("name")) for s in yaml.safe_load((ROOT / "studies.yaml").read_text(encoding="utf-8"))["studies"]]
+    assert studies == in_order, f"docs/results.md's sections {studies} are not studies.yaml's {in_order}: run make report"
+    assert len(studies) <= 10
