@@ -19,7 +19,8 @@ For every seed of the run directory (``--seeds``), in one process, on the same i
 Accuracy is each model's own predictions on the run's test split (the int8 graph's, not the
 float model's), split exactly as the run split it; ``agreement`` is the share of test texts where
 an int8 graph predicts what its float graph predicts. Latency: interleaved
-``torch.utils.benchmark`` medians (ONNX Runtime sessions with the same intra-op threads), random
+``torch.utils.benchmark`` medians (ONNX Runtime sessions with the same intra-op threads and
+graph optimizations, those of ``baa bench --onnx``: every one but ``DISABLED_FUSIONS``), random
 ids of ``--seq-len`` tokens at each ``--batch-sizes``, and the test texts at their own lengths
 (batches of 32, padded to their longest); a model with fewer positions than ``--seq-len`` is timed at
 its ``max_len``. ``speedup`` is the reference's latency over the row's at
@@ -46,7 +47,7 @@ from budgeted_attention.config import from_dict, load_yaml
 from budgeted_attention.data.inputs import random_ids
 from budgeted_attention.data.sources import load_source
 from budgeted_attention.data.text import TextDataConfig, split_examples
-from budgeted_attention.export.onnx import export_model, make_session, quantize_graph
+from budgeted_attention.export.onnx import DISABLED_FUSIONS, export_model, make_session, quantize_graph
 from budgeted_attention.io import environment_info, write_json_atomic
 from budgeted_attention.pruning.surgery import prune_to_budget
 from budgeted_attention.reporting.plots import plot_accuracy_vs_latency
@@ -235,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             details[str(seed)] = detail
     out = RunDir(args.out)
     out.path.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out.path / "int8_peers.json", {"source_run": str(args.run_dir), "seeds": details, "setting": vars(args)})
+    write_json_atomic(out.path / "int8_peers.json", {"source_run": str(args.run_dir), "seeds": details, "setting": vars(args),
+                                                     "onnxruntime_disabled_fusions": list(DISABLED_FUSIONS)})
     plot_accuracy_vs_latency(rows, out.path / "accuracy_vs_latency.png", out.path.name)
     write_json_atomic(out.results_json, {"rows": rows})  # then run_info.json, last: what a resumed study reads as done
     write_json_atomic(out.run_info, {"seeds": seeds, "command": ["python", "benchmarks/int8_peers.py", *(argv or sys.argv[1:])],

@@ -13,6 +13,11 @@ the pass into matrix products (every ``MatMul``/``Gemm`` kind: the weight produc
 int8 graphs, and the attention's score and value products, float32 in both) and everything else.
 The profiler's own cost inflates small operators: shares, not the benchmark's figures.
 
+Every session leaves off the fusions of ``DISABLED_FUSIONS`` (budgeted_attention.export.onnx), as
+``baa bench --onnx`` and ``baa serve`` do; the int8 graphs are also timed and profiled with ONNX
+Runtime's full set (``dense-int8-all-fusions``, ``pruned-int8-all-fusions``), which shows what
+those fusions cost.
+
 Writes ``int8_profile.json`` and ``int8_profile.md`` to ``--out``.
 """
 
@@ -31,7 +36,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from budgeted_attention.export.onnx import export_model, make_session, quantize_graph
+from budgeted_attention.export.onnx import DISABLED_FUSIONS, export_model, make_session, quantize_graph
 from budgeted_attention.hf.bert import load_gated_bert, minilm_path
 from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
 
@@ -40,9 +45,12 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
-def time_graphs(paths: dict[str, Path], feed: dict[str, np.ndarray], rounds: int, seconds: float) -> dict[str, float]:
-    """Median ms per pass of each graph, interleaved round by round (1 thread)."""
-    sessions = {name: make_session(path) for name, path in paths.items()}
+def time_graphs(paths: dict[str, Path], feed: dict[str, np.ndarray], rounds: int, seconds: float,
+                disabled: dict[str, tuple[str, ...]] | None = None) -> dict[str, float]:
+    """Median ms per pass of each graph, interleaved round by round (1 thread), in sessions that
+    leave off the fusions ``disabled[name]`` (default: ``DISABLED_FUSIONS``, as every command)."""
+    disabled = disabled or {}
+    sessions = {name: make_session(path, disabled_fusions=disabled.get(name, DISABLED_FUSIONS)) for name, path in paths.items()}
     for session in sessions.values():  # warm-up
         for _ in range(20):
             session.run(None, feed)
@@ -58,15 +66,16 @@ def time_graphs(paths: dict[str, Path], feed: dict[str, np.ndarray], rounds: int
     return {name: statistics.median(values) for name, values in per_round.items()}
 
 
-def profile_graph(path: Path, feed: dict[str, np.ndarray], passes: int, folder: Path) -> dict[str, float]:
-    """Operator type -> µs per pass under ONNX Runtime's profiler (kernel time of every node)."""
+def profile_graph(path: Path, disabled: tuple[str, ...], feed: dict[str, np.ndarray], passes: int, folder: Path, name: str) -> dict[str, float]:
+    """Operator type -> µs per pass under ONNX Runtime's profiler (kernel time of every node), the
+    fusions ``disabled`` left off."""
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.enable_profiling = True
-    options.profile_file_prefix = str(folder / path.stem)
+    options.profile_file_prefix = str(folder / name)
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled))
     for _ in range(passes):
         session.run(None, feed)
     events = json.loads(Path(session.end_profiling()).read_text())
@@ -79,6 +88,10 @@ def profile_graph(path: Path, feed: dict[str, np.ndarray], passes: int, folder: 
 
 # Operators whose work shrinks with the kept heads / FFN neurons (the FLOP-ideal counts them); the
 # rest (LayerNorm, residual Add, Softmax over kept heads aside) is per-layer fixed cost.
+# The graph kinds, each timed dense and pruned: float32 and int8 in the sessions every command uses,
+# and int8 with ONNX Runtime's full fusion set.
+KINDS = ("fp32", "int8", "int8-all-fusions")
+
 MATMULS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMul", "FusedMatMul", "Gemm", "QGemm")
 
 
@@ -92,6 +105,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="timing per graph per round")
     parser.add_argument("--passes", type=int, default=200, help="profiled passes per graph")
     parser.add_argument("--repeats", type=int, default=3, help="timings, each in fresh sessions (median and spread reported)")
+    parser.add_argument("--per-channel", action="store_true", help="int8 weights per output channel (default: per tensor, ONNX Runtime's default)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -109,14 +123,18 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        paths = {}
+        graphs: dict[str, tuple[Path, tuple[str, ...]]] = {}
         for name, m in (("dense", model), ("pruned", pruned)):
-            paths[f"{name}-fp32"] = export_model(m, folder / f"{name}.onnx")
-            paths[f"{name}-int8"] = quantize_graph(paths[f"{name}-fp32"], folder / f"{name}.int8.onnx")
+            float_path = export_model(m, folder / f"{name}.onnx")
+            int8_path = quantize_graph(float_path, folder / f"{name}.int8.onnx", per_channel=args.per_channel)
+            graphs[f"{name}-fp32"] = (float_path, DISABLED_FUSIONS)
+            graphs[f"{name}-int8"] = (int8_path, DISABLED_FUSIONS)
+            graphs[f"{name}-int8-all-fusions"] = (int8_path, ())
         # Each repeat: fresh sessions, every graph timed interleaved; the speedups' median and spread over repeats.
-        repeats = [time_graphs(paths, feed, args.rounds, args.seconds) for _ in range(args.repeats)]
-        latency = {name: statistics.median(r[name] for r in repeats) for name in paths}
-        ops = {name: profile_graph(path, feed, args.passes, folder) for name, path in paths.items()}
+        paths, disabled = {name: path for name, (path, _) in graphs.items()}, {name: off for name, (_, off) in graphs.items()}
+        repeats = [time_graphs(paths, feed, args.rounds, args.seconds, disabled) for _ in range(args.repeats)]
+        latency = {name: statistics.median(r[name] for r in repeats) for name in graphs}
+        ops = {name: profile_graph(path, disabled, feed, args.passes, folder, name) for name, (path, disabled) in graphs.items()}
     kinds = {"matmul": MATMULS}
     split = {}
     for name, table in ops.items():
@@ -124,14 +142,13 @@ def main() -> None:
         split[name] = {"matmul_us": matmul, "rest_us": sum(table.values()) - matmul}
     result = {
         "setting": {"batch_size": args.batch_size, "seq_len": args.seq_len, "threads": 1, "heads": heads, "ffn": ffn,
-                    "rounds": args.rounds, "passes": args.passes, "repeats": args.repeats},
+                    "rounds": args.rounds, "passes": args.passes, "repeats": args.repeats, "per_channel": args.per_channel,
+                    "disabled_fusions": list(DISABLED_FUSIONS)},
         "command": ["python", "benchmarks/int8_profile.py", *sys.argv[1:]],
         "environment": environment_info(),
         "latency_ms": latency,
-        "speedup": {"fp32": latency["dense-fp32"] / latency["pruned-fp32"], "int8": latency["dense-int8"] / latency["pruned-int8"]},
-        "speedup_repeats": {
-            dtype: [r[f"dense-{dtype}"] / r[f"pruned-{dtype}"] for r in repeats] for dtype in ("fp32", "int8")
-        },
+        "speedup": {kind: latency[f"dense-{kind}"] / latency[f"pruned-{kind}"] for kind in KINDS},
+        "speedup_repeats": {kind: [r[f"dense-{kind}"] / r[f"pruned-{kind}"] for r in repeats] for kind in KINDS},
         "latency_ms_repeats": repeats,
         "ops_us": ops,
         "split_us": split,
@@ -143,25 +160,30 @@ def main() -> None:
 
 def render(result: dict) -> str:
     s, lat, ops, split = result["setting"], result["latency_ms"], result["ops_us"], result["split_us"]
-    spread = {d: f"{min(v):.2f}–{max(v):.2f}x" for d, v in result["speedup_repeats"].items()}
+    spread = {kind: f"{min(v):.2f}–{max(v):.2f}x" for kind, v in result["speedup_repeats"].items()}
+    recipe = "per output channel" if s.get("per_channel") else "per tensor"
     lines = [
         f"# int8 profile: all-MiniLM-L6-v2 dense vs heads {s['heads']} / FFN {s['ffn']}",
         "",
         f"Generated by `{' '.join(result['command'])}`. Machine: {result['environment'].get('processor')}; batch {s['batch_size']}, "
-        f"sequence {s['seq_len']}, 1 thread; onnxruntime {ort.__version__}.",
+        f"sequence {s['seq_len']}, 1 thread; onnxruntime {ort.__version__}; int8 weights {recipe}. "
+        f"Sessions leave off {', '.join(s.get('disabled_fusions', [])) or 'no fusion'}, except the `all-fusions` rows (ONNX Runtime's full set).",
         "",
         f"| graph | ms per pass (median of {s['repeats']} repeats) | pruned speedup (median; range over repeats) |",
         "|---|---:|---:|",
     ]
-    for dtype in ("fp32", "int8"):
-        lines.append(f"| dense-{dtype} | {lat[f'dense-{dtype}']:.3f} | |")
-        lines.append(f"| pruned-{dtype} | {lat[f'pruned-{dtype}']:.3f} | {result['speedup'][dtype]:.2f}x ({spread[dtype]}) |")
+    kinds = [kind for kind in KINDS if f"dense-{kind}" in lat]
+    for kind in kinds:
+        lines.append(f"| dense-{kind} | {lat[f'dense-{kind}']:.3f} | |")
+        lines.append(f"| pruned-{kind} | {lat[f'pruned-{kind}']:.3f} | {result['speedup'][kind]:.2f}x ({spread[kind]}) |")
+    graphs = [f"{part}-{kind}" for kind in kinds for part in ("dense", "pruned")]
     lines += ["", "Profiled µs per pass by operator type (kernel time; the profiler's cost inflates small operators):", "",
-              "| operator | dense fp32 | pruned fp32 | dense int8 | pruned int8 | int8 dense / pruned |", "|---|---:|---:|---:|---:|---:|"]
+              "| operator | " + " | ".join(g.replace("-", " ") for g in graphs) + " | int8 dense / pruned |", "|---|" + "---:|" * (len(graphs) + 1)]
     names = sorted({op for table in ops.values() for op in table}, key=lambda op: -ops["dense-int8"].get(op, 0.0) - ops["dense-fp32"].get(op, 0.0))
     for op in names:
-        cells = [ops[g].get(op, 0.0) for g in ("dense-fp32", "pruned-fp32", "dense-int8", "pruned-int8")]
-        ratio = f"{cells[2] / cells[3]:.2f}x" if cells[3] > 0 else ""
+        cells = [ops[g].get(op, 0.0) for g in graphs]
+        dense_int8, pruned_int8 = ops["dense-int8"].get(op, 0.0), ops["pruned-int8"].get(op, 0.0)
+        ratio = f"{dense_int8 / pruned_int8:.2f}x" if pruned_int8 > 0 else ""
         lines.append(f"| {op} | " + " | ".join(f"{c:.0f}" for c in cells) + f" | {ratio} |")
     lines += ["", "| graph | matrix products (weights and attention) µs | everything else µs | everything else share |", "|---|---:|---:|---:|"]
     for name, parts in split.items():

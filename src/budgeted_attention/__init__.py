@@ -17,7 +17,7 @@ Data flow (one subpackage per stage)::
 from budgeted_attention.budget import validate_budget
 from budgeted_attention.errors import BAAError, BudgetError, CheckpointError, ConfigError, DataError
 
-__version__ = "0.3.1"
+__version__ = "0.3.2"
 
 _API = ("Budgeted", "load", "save", "train", "wrap")
 

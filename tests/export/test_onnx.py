@@ -43,6 +43,33 @@ def test_bert_family_with_an_empty_layer_exports_equal_outputs(tmp_path):
     assert "MatMul" in ops or "Gemm" in ops
 
 
+def test_sessions_leave_skip_layer_norm_unfused_in_int8_graphs(tmp_path):
+    """ONNX Runtime fuses an int8 BERT graph's residual Add + LayerNorm into SkipLayerNormalization,
+    a kernel slower than the pair on our CPUs (DISABLED_FUSIONS); every session here leaves it off,
+    and the graph it runs still answers as ONNX Runtime's fully fused one does."""
+    pytest.importorskip("transformers")
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from budgeted_attention.export.onnx import DISABLED_FUSIONS, quantize_graph
+    from budgeted_attention.hf.bert import GatedBertClassifier
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                     num_labels=3, max_position_embeddings=32, attn_implementation="sdpa")
+    model = GatedBertClassifier(BertForSequenceClassification(cfg)).eval()
+    int8_path = quantize_graph(export_model(model, tmp_path / "bert.onnx"), tmp_path / "bert.int8.onnx")
+    assert "SkipLayerNormFusion" in DISABLED_FUSIONS
+    ours, full = tmp_path / "ours.onnx", tmp_path / "full.onnx"
+    ids = torch.randint(5, 99, (2, 9), generator=torch.Generator().manual_seed(1))
+    feed = {"input_ids": ids.numpy(), "attention_mask": torch.ones(2, 9, dtype=torch.long).numpy()}
+    logits = [make_session(int8_path, optimized_path=ours).run(None, feed)[0],
+              make_session(int8_path, disabled_fusions=(), optimized_path=full).run(None, feed)[0]]
+    fused = [{node.op_type for node in onnx.load(str(p)).graph.node} for p in (ours, full)]
+    assert "SkipLayerNormalization" in fused[1]  # ONNX Runtime's full set fuses it in this graph...
+    assert "SkipLayerNormalization" not in fused[0] and "LayerNormalization" in fused[0]  # ...our sessions do not
+    assert abs(logits[0] - logits[1]).max() < 1e-3
+
+
 def test_export_budgets_writes_one_checked_graph_per_budget(tiny_model, tmp_path):
     ranking = Ranking.from_scores(UnitGates(torch.rand(3, 4, generator=torch.Generator().manual_seed(2))))
     summary = export_budgets(tiny_model, ranking, [0.25, 1.0], tmp_path / "onnx", log=lambda *_: None)

@@ -197,7 +197,7 @@ def bench_models(
             "library": None if library is None else library[0],
             "length_batches": LENGTH_BATCHES if lengths else 0,
             "family": model.family,
-            "onnx": f"onnxruntime {_ort_version()}, {cfg.threads} intra-op thread(s), b = 1 graph as its reference" if cfg.onnx else None,
+            "onnx": f"onnxruntime {_ort_version()}, {cfg.threads} intra-op thread(s), {_ort_fusions()}, b = 1 graph as its reference" if cfg.onnx else None,
             "int8": "dynamic int8 (onnxruntime.quantization.quantize_dynamic: int8 MatMul/Gemm weights per tensor, uint8 activations), the b = 1 int8 graph as its reference" if cfg.int8 else None,
         },
     }
@@ -348,6 +348,12 @@ def _ort_version() -> str:
     import onnxruntime  # noqa: PLC0415 - optional: only with --onnx
 
     return onnxruntime.__version__
+
+
+def _ort_fusions() -> str:
+    from budgeted_attention.export.onnx import DISABLED_FUSIONS  # noqa: PLC0415 - with --onnx only, as the runners
+
+    return "every graph optimization" + (f" but {', '.join(DISABLED_FUSIONS)}" if DISABLED_FUSIONS else "")
 
 
 def check_lengths(model: GatedModel, seq_lens: list[int], what: str) -> None:

@@ -76,8 +76,22 @@ def example_inputs(model: GatedModel, batch: int, seq: int, seed: int = 0) -> tu
     return ids, mask
 
 
-def make_session(path: str | Path, threads: int = 1):
-    """An ONNX Runtime CPU session with ``threads`` intra-op threads (one inter-op thread)."""
+# ONNX Runtime graph fusions every session here leaves off. SkipLayerNormFusion turns the
+# residual Add + LayerNormalization of an int8 graph into one SkipLayerNormalization node, and that
+# kernel is slower than the two nodes it replaces on the Intel Xeon and AMD EPYC CPUs we measured
+# (benchmarks/int8_profile.py times both ways; docs/lab/int8_profile.md). The cost is the same in
+# every layer whatever the budget keeps, so it slowed pruned int8 graphs proportionally more than
+# dense ones. It fuses nothing in our float graphs. Every graph, dense or pruned, float or int8,
+# gets the same sessions, so comparisons stay like for like.
+DISABLED_FUSIONS = ("SkipLayerNormFusion",)
+
+
+def make_session(path: str | Path, threads: int = 1, *, disabled_fusions: tuple[str, ...] = DISABLED_FUSIONS,
+                 optimized_path: str | Path | None = None):
+    """An ONNX Runtime CPU session with ``threads`` intra-op threads (one inter-op thread), every
+    graph optimization on except ``disabled_fusions`` (ONNX Runtime's graph transformer names;
+    default :data:`DISABLED_FUSIONS`; ``()`` for ONNX Runtime's full set). With
+    ``optimized_path``, ONNX Runtime also writes the graph it runs there (to see what it fused)."""
     import onnxruntime as ort  # noqa: PLC0415 - onnxruntime is optional (the serve extra)
 
     options = ort.SessionOptions()
@@ -85,7 +99,9 @@ def make_session(path: str | Path, threads: int = 1):
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
-    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    if optimized_path is not None:
+        options.optimized_model_filepath = str(optimized_path)
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled_fusions))
 
 
 def export_model(model: GatedModel, path: str | Path, *, opset: int = OPSET) -> Path:
