@@ -241,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     plot_accuracy_vs_latency(rows, out.path / "accuracy_vs_latency.png", out.path.name)
     write_json_atomic(out.results_json, {"rows": rows})  # then run_info.json, last: what a resumed study reads as done
     write_json_atomic(out.run_info, {"seeds": seeds, "command": ["python", "benchmarks/int8_peers.py", *(argv or sys.argv[1:])],
-                                     "environment": environment_info(), "wall_s": time.perf_counter() - started})
+                                     "environment": environment_info(), "onnxruntime_disabled_fusions": list(DISABLED_FUSIONS),
+                                     "wall_s": time.perf_counter() - started})
     print(f"wrote {out.results_json} ({len(rows)} rows, {time.perf_counter() - started:.0f} s)")
     return 0
 

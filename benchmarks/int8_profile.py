@@ -131,10 +131,10 @@ def main() -> None:
             graphs[f"{name}-int8"] = (int8_path, DISABLED_FUSIONS)
             graphs[f"{name}-int8-all-fusions"] = (int8_path, ())
         # Each repeat: fresh sessions, every graph timed interleaved; the speedups' median and spread over repeats.
-        paths, disabled = {name: path for name, (path, _) in graphs.items()}, {name: off for name, (_, off) in graphs.items()}
-        repeats = [time_graphs(paths, feed, args.rounds, args.seconds, disabled) for _ in range(args.repeats)]
+        paths, fusions_off = {name: path for name, (path, _) in graphs.items()}, {name: off for name, (_, off) in graphs.items()}
+        repeats = [time_graphs(paths, feed, args.rounds, args.seconds, fusions_off) for _ in range(args.repeats)]
         latency = {name: statistics.median(r[name] for r in repeats) for name in graphs}
-        ops = {name: profile_graph(path, disabled, feed, args.passes, folder, name) for name, (path, disabled) in graphs.items()}
+        ops = {name: profile_graph(path, fusions_off[name], feed, args.passes, folder, name) for name, path in paths.items()}
     kinds = {"matmul": MATMULS}
     split = {}
     for name, table in ops.items():

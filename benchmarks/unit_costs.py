@@ -51,7 +51,7 @@ def main() -> None:
     # Heavy imports here, so the fit and weight functions load with numpy alone (tests).
     import torch
 
-    from budgeted_attention.export.onnx import export_model, quantize_graph
+    from budgeted_attention.export.onnx import DISABLED_FUSIONS, export_model, quantize_graph
     from budgeted_attention.hf.bert import load_gated_bert, minilm_path
     from budgeted_attention.io import environment_info, write_json_atomic, write_text_atomic
 
@@ -85,7 +85,7 @@ def main() -> None:
     removed = {name: ((n_heads - h) * model.n_layers, (d_ff - f) * model.n_layers) for name, (h, f) in shapes.items() if name != "dense"}
     result: dict = {
         "setting": {"batch_size": args.batch_size, "seq_len": args.seq_len, "threads": 1, "rounds": args.rounds,
-                    "seconds": args.seconds, "repeats": args.repeats, "group_size": GROUP,
+                    "seconds": args.seconds, "repeats": args.repeats, "group_size": GROUP, "disabled_fusions": list(DISABLED_FUSIONS),
                     "shapes": {name: {"heads_per_layer": h, "ffn_per_layer": f} for name, (h, f) in shapes.items()}},
         "command": ["python", "benchmarks/unit_costs.py", *sys.argv[1:]],
         "environment": environment_info(),

@@ -78,8 +78,9 @@ def example_inputs(model: GatedModel, batch: int, seq: int, seed: int = 0) -> tu
 
 # ONNX Runtime graph fusions every session here leaves off. SkipLayerNormFusion turns the
 # residual Add + LayerNormalization of an int8 graph into one SkipLayerNormalization node, and that
-# kernel is slower than the two nodes it replaces on the Intel Xeon and AMD EPYC CPUs we measured
-# (benchmarks/int8_profile.py times both ways; docs/lab/int8_profile.md). The cost is the same in
+# kernel is several times slower than the two nodes it replaces where we timed both ways (Intel
+# Xeon, onnxruntime 1.32; benchmarks/int8_profile.py, docs/lab/int8_profile.md; AMD EPYC profiles
+# with the fusion on show the node as costly). The cost is the same in
 # every layer whatever the budget keeps, so it slowed pruned int8 graphs proportionally more than
 # dense ones. It fuses nothing in our float graphs. Every graph, dense or pruned, float or int8,
 # gets the same sessions, so comparisons stay like for like.
