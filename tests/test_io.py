@@ -34,3 +34,11 @@ def test_temp_files_of_killed_writers_are_removed_and_live_ones_kept(tmp_path):
     assert sorted(removed) == sorted([left[0], old_style])
     assert live.exists() and recent_old_style.exists() and other.exists()
     assert len(messages) == 2 and all("interrupted write" in m for m in messages)
+
+
+def test_environment_info_records_the_running_source_version():
+    """An editable install keeps the metadata of the version it was installed at; runs record the source's."""
+    from budgeted_attention import __version__
+    from budgeted_attention.io import environment_info
+
+    assert environment_info()["packages"]["budgeted_attention"] == __version__

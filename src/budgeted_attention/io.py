@@ -201,12 +201,17 @@ def environment_info() -> dict[str, Any]:
     ``commit`` / ``dirty``: git commit of the package's source checkout and whether it had
     uncommitted changes (both None outside a git checkout or without git).
     """
+    from budgeted_attention import __version__  # noqa: PLC0415 - the package's own version, not its install's metadata
+
     versions: dict[str, str | None] = {}
     for name in _TRACKED_PACKAGES:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
+    # An editable install keeps the metadata of the version it was installed at; the source says
+    # which version ran.
+    versions["budgeted_attention"] = __version__
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
