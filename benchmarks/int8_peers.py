@@ -236,8 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             details[str(seed)] = detail
     out = RunDir(args.out)
     out.path.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out.path / "int8_peers.json", {"source_run": str(args.run_dir), "seeds": details, "setting": vars(args),
-                                                     "onnxruntime_disabled_fusions": list(DISABLED_FUSIONS)})
+    write_json_atomic(out.path / "int8_peers.json", {"source_run": str(args.run_dir), "seeds": details, "setting": vars(args)})
     plot_accuracy_vs_latency(rows, out.path / "accuracy_vs_latency.png", out.path.name)
     write_json_atomic(out.results_json, {"rows": rows})  # then run_info.json, last: what a resumed study reads as done
     write_json_atomic(out.run_info, {"seeds": seeds, "command": ["python", "benchmarks/int8_peers.py", *(argv or sys.argv[1:])],

@@ -86,12 +86,12 @@ def profile_graph(path: Path, disabled: tuple[str, ...], feed: dict[str, np.ndar
     return {op: micros / passes for op, micros in totals.items()}
 
 
-# Operators whose work shrinks with the kept heads / FFN neurons (the FLOP-ideal counts them); the
-# rest (LayerNorm, residual Add, Softmax over kept heads aside) is per-layer fixed cost.
 # The graph kinds, each timed dense and pruned: float32 and int8 in the sessions every command uses,
 # and int8 with ONNX Runtime's full fusion set.
 KINDS = ("fp32", "int8", "int8-all-fusions")
 
+# Operators whose work shrinks with the kept heads / FFN neurons (the FLOP-ideal counts them); the
+# rest (LayerNorm, residual Add, Softmax over kept heads aside) is per-layer fixed cost.
 MATMULS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "MatMul", "FusedMatMul", "Gemm", "QGemm")
 
 
