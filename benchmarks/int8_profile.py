@@ -69,13 +69,7 @@ def time_graphs(paths: dict[str, Path], feed: dict[str, np.ndarray], rounds: int
 def profile_graph(path: Path, disabled: tuple[str, ...], feed: dict[str, np.ndarray], passes: int, folder: Path, name: str) -> dict[str, float]:
     """Operator type -> µs per pass under ONNX Runtime's profiler (kernel time of every node), the
     fusions ``disabled`` left off."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.enable_profiling = True
-    options.profile_file_prefix = str(folder / name)
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled))
+    session = make_session(path, disabled_fusions=disabled, profile_prefix=folder / name)
     for _ in range(passes):
         session.run(None, feed)
     events = json.loads(Path(session.end_profiling()).read_text())

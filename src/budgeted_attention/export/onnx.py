@@ -88,11 +88,12 @@ DISABLED_FUSIONS = ("SkipLayerNormFusion",)
 
 
 def make_session(path: str | Path, threads: int = 1, *, disabled_fusions: tuple[str, ...] = DISABLED_FUSIONS,
-                 optimized_path: str | Path | None = None):
+                 optimized_path: str | Path | None = None, profile_prefix: str | Path | None = None):
     """An ONNX Runtime CPU session with ``threads`` intra-op threads (one inter-op thread), every
     graph optimization on except ``disabled_fusions`` (ONNX Runtime's graph transformer names;
     default :data:`DISABLED_FUSIONS`; ``()`` for ONNX Runtime's full set). With
-    ``optimized_path``, ONNX Runtime also writes the graph it runs there (to see what it fused)."""
+    ``optimized_path``, ONNX Runtime also writes the graph it runs there (to see what it fused);
+    with ``profile_prefix``, it profiles every node (``session.end_profiling()`` names the file)."""
     import onnxruntime as ort  # noqa: PLC0415 - onnxruntime is optional (the serve extra)
 
     options = ort.SessionOptions()
@@ -102,6 +103,9 @@ def make_session(path: str | Path, threads: int = 1, *, disabled_fusions: tuple[
     options.log_severity_level = 3
     if optimized_path is not None:
         options.optimized_model_filepath = str(optimized_path)
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_prefix)
     return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"], disabled_optimizers=list(disabled_fusions))
 
 
